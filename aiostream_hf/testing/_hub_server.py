@@ -1,0 +1,327 @@
+"""HubServer: the local Hub-compatible server, in a thread or a subprocess.
+
+    with HubServer(root, faults=Faults(latency_ms=20)) as hub:
+        os.environ["HF_ENDPOINT"] = hub.endpoint
+        ...
+        hub.stats().by_bucket["resolvers"]
+
+The Hub answers on ``http://localhost:P`` and its CDN on ``http://127.0.0.1:Q``
+(a different hostname, as on the real Hub). Sockets are bound before the
+server starts, so ``endpoint`` is usable as soon as the context is entered.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import anyio.to_thread
+import httpx2
+import uvicorn
+
+from .._exceptions import ClosedResourceError, HubServerError
+from ._faults import Faults, RateLimits
+from ._hub_app import AccessRules, DeliberateCut, HubApp, HubStats
+from ._repos import RepoStore
+
+__all__ = ["HubServer"]
+
+
+class _DropDeliberateCuts(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        return not isinstance(exc, DeliberateCut)
+
+
+_uvicorn_error_log = logging.getLogger("uvicorn.error")
+if not any(isinstance(f, _DropDeliberateCuts) for f in _uvicorn_error_log.filters):
+    _uvicorn_error_log.addFilter(_DropDeliberateCuts())
+
+
+def _bind(host: str, port: int, what: str) -> socket.socket:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise HubServerError(
+            f"cannot listen for the {what} on {host}:{port} ({exc.strerror}): "
+            "choose another port, or 0 for a free one"
+        ) from exc
+    sock.listen(1024)
+    sock.set_inheritable(True)
+    return sock
+
+
+class HubServer:
+    """A Hub-compatible HTTP server over the repos in ``root``.
+
+    ``private`` and ``gated`` map repo ids to the tokens that may read them.
+    ``faults`` and ``rate_limits`` are off by default and can be replaced
+    while the server runs. With ``subprocess=True`` the server runs in its
+    own process (for benchmarks that must not share the GIL with the client).
+    """
+
+    def __init__(
+        self,
+        root: str | os.PathLike[str],
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        cdn_port: int = 0,
+        faults: Faults | None = None,
+        rate_limits: RateLimits | None = None,
+        private: Mapping[str, Sequence[str]] | None = None,
+        gated: Mapping[str, Sequence[str]] | None = None,
+        tree_page_size: int = 1000,
+        tree_page_size_expand: int = 50,
+        cdn_url_ttl_s: float = 3600.0,
+        lfs_threshold: int = 10 * 1024 * 1024,
+        subprocess: bool = False,
+    ) -> None:
+        self.root = Path(root)
+        self._store = RepoStore(self.root, lfs_threshold=lfs_threshold)
+        self._store.validate()
+        if tree_page_size < 1 or tree_page_size_expand < 1:
+            raise HubServerError("tree_page_size and tree_page_size_expand must be >= 1")
+        if cdn_url_ttl_s <= 0:
+            raise HubServerError(f"cdn_url_ttl_s={cdn_url_ttl_s!r}: must be > 0")
+        self.host = host
+        self._ports = (port, cdn_port)
+        self._faults = faults or Faults()
+        self._rate_limits = rate_limits or RateLimits()
+        self._access = AccessRules(dict(private or {}), dict(gated or {}))
+        self._tree_pages = (tree_page_size, tree_page_size_expand)
+        self._cdn_url_ttl_s = cdn_url_ttl_s
+        self._lfs_threshold = lfs_threshold
+        self._use_subprocess = subprocess
+        self._app: HubApp | None = None
+        self._server: uvicorn.Server | None = None
+        self._thread: threading.Thread | None = None
+        self._process: subprocess.Popen[str] | None = None
+        self._state = "new"
+        self.endpoint = ""
+        self.cdn_endpoint = ""
+
+    # -- lifecycle -----------------------------------------------------------
+
+    def start(self) -> None:
+        if self._state != "new":
+            raise ClosedResourceError(f"HubServer is {self._state}: create a new one to serve again")
+        if self._use_subprocess:
+            self._start_subprocess()
+        else:
+            self._start_thread()
+        self._state = "running"
+
+    def _start_thread(self) -> None:
+        hub_sock = _bind(self.host, self._ports[0], "Hub")
+        try:
+            cdn_sock = _bind(self.host, self._ports[1], "CDN")
+        except BaseException:
+            hub_sock.close()
+            raise
+        hub_port, cdn_port = hub_sock.getsockname()[1], cdn_sock.getsockname()[1]
+        # The Hub is reached as "localhost", the CDN as the IP: two hostnames, as in real life.
+        self.endpoint = f"http://localhost:{hub_port}"
+        self.cdn_endpoint = f"http://{self.host}:{cdn_port}"
+        self._app = HubApp(
+            self._store,
+            hub_url=self.endpoint,
+            cdn_url=self.cdn_endpoint,
+            cdn_port=cdn_port,
+            faults=self._faults,
+            rate_limits=self._rate_limits,
+            access=self._access,
+            tree_page_size=self._tree_pages[0],
+            tree_page_size_expand=self._tree_pages[1],
+            cdn_url_ttl_s=self._cdn_url_ttl_s,
+        )
+        config = uvicorn.Config(
+            self._app,
+            lifespan="off",
+            log_config=None,
+            log_level="warning",
+            access_log=False,
+            http="h11",
+            timeout_graceful_shutdown=1,
+            timeout_keep_alive=30,
+        )
+        self._server = server = uvicorn.Server(config)
+        sockets = [hub_sock, cdn_sock]
+
+        def run() -> None:
+            try:
+                server.run(sockets=sockets)
+            finally:
+                for s in sockets:
+                    s.close()
+
+        self._thread = threading.Thread(target=run, name="aiostream-hf-hub", daemon=True)
+        self._thread.start()
+
+    def _start_subprocess(self) -> None:
+        config = {
+            "root": str(self.root),
+            "host": self.host,
+            "port": self._ports[0],
+            "cdn_port": self._ports[1],
+            "faults": self._faults.to_json(),
+            "rate_limits": vars(self._rate_limits),
+            "private": {k: list(v) for k, v in self._access.private.items()},
+            "gated": {k: list(v) for k, v in self._access.gated.items()},
+            "tree_page_size": self._tree_pages[0],
+            "tree_page_size_expand": self._tree_pages[1],
+            "cdn_url_ttl_s": self._cdn_url_ttl_s,
+            "lfs_threshold": self._lfs_threshold,
+        }
+        self._process = proc = subprocess.Popen(
+            [sys.executable, "-m", "aiostream_hf.testing._hub_server", json.dumps(config)],
+            stdout=subprocess.PIPE,
+            stdin=subprocess.DEVNULL,
+            text=True,
+        )
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        if not line:
+            code = proc.wait()
+            raise HubServerError(f"the Hub server subprocess exited with code {code} at start")
+        ready = json.loads(line)
+        self.endpoint, self.cdn_endpoint = ready["endpoint"], ready["cdn_endpoint"]
+
+    def close(self) -> None:
+        if self._state != "running":
+            self._state = "closed"
+            return
+        self._state = "closed"
+        if self._server is not None and self._thread is not None:
+            self._server.should_exit = True
+            self._thread.join(timeout=10)
+        if self._process is not None:
+            self._process.terminate()
+            try:
+                self._process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self._process.kill()
+                self._process.wait()
+            if self._process.stdout is not None:
+                self._process.stdout.close()
+
+    def __enter__(self) -> HubServer:
+        self.start()
+        return self
+
+    def __exit__(
+        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    async def __aenter__(self) -> HubServer:
+        await anyio.to_thread.run_sync(self.start)
+        return self
+
+    async def __aexit__(
+        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        with anyio.CancelScope(shield=True):
+            await anyio.to_thread.run_sync(self.close)
+
+    # -- observation and control ---------------------------------------------
+
+    def _require_running(self) -> None:
+        if self._state != "running":
+            raise ClosedResourceError(f"HubServer is {self._state}: enter its context first")
+
+    def _control(self, method: str, path: str, body: Any = None) -> Any:
+        response = httpx2.request(method, f"{self.endpoint}/_emulator/{path}", json=body)
+        if response.status_code != 200:
+            raise HubServerError(response.headers.get("X-Error-Message", response.text))
+        return response.json()
+
+    def stats(self) -> HubStats:
+        """Requests by bucket, endpoint and status, bytes served, peak concurrency, faults."""
+        self._require_running()
+        if self._app is not None:
+            return self._app.counters.snapshot()
+        return HubStats.from_json(self._control("GET", "stats"))
+
+    def reset_stats(self) -> None:
+        self._require_running()
+        if self._app is not None:
+            with self._app.counters.lock:
+                self._app.counters.reset()
+        else:
+            self._control("POST", "reset")
+
+    @property
+    def faults(self) -> Faults:
+        return self._faults
+
+    def set_faults(self, faults: Faults | None = None, **changes: Any) -> Faults:
+        """Replace the faults (whole, or some fields of the current ones)."""
+        self._require_running()
+        new = replace(faults or self._faults, **changes)
+        if self._app is not None:
+            self._app.injector.replace(new)
+        else:
+            self._control("POST", "faults", new.to_json())
+        self._faults = new
+        return new
+
+    def set_rate_limits(self, rate_limits: RateLimits) -> None:
+        self._require_running()
+        if self._app is not None:
+            self._app.limiter.replace(rate_limits)
+        else:
+            self._control("POST", "rate-limits", vars(rate_limits))
+        self._rate_limits = rate_limits
+
+    def url(self, repo_id: str, path: str, revision: str = "main") -> str:
+        """The /resolve/ URL of a file, as huggingface_hub builds it."""
+        from urllib.parse import quote
+
+        return f"{self.endpoint}/datasets/{repo_id}/resolve/{quote(revision, safe='')}/{quote(path)}"
+
+
+def serve_forever(config: Mapping[str, Any], *, ready: Any = None) -> None:
+    """Run a server from a JSON-able config until interrupted; print a ready line."""
+    server = HubServer(
+        config["root"],
+        host=config.get("host", "127.0.0.1"),
+        port=config.get("port", 0),
+        cdn_port=config.get("cdn_port", 0),
+        faults=Faults.from_json(config.get("faults", {})),
+        rate_limits=RateLimits(**config.get("rate_limits", {})),
+        private=config.get("private"),
+        gated=config.get("gated"),
+        tree_page_size=config.get("tree_page_size", 1000),
+        tree_page_size_expand=config.get("tree_page_size_expand", 50),
+        cdn_url_ttl_s=config.get("cdn_url_ttl_s", 3600.0),
+        lfs_threshold=config.get("lfs_threshold", 10 * 1024 * 1024),
+    )
+    with server:
+        line = {"endpoint": server.endpoint, "cdn_endpoint": server.cdn_endpoint}
+        print(json.dumps(line), flush=True, file=ready or sys.stdout)
+        stop = threading.Event()
+        try:
+            import signal
+
+            signal.signal(signal.SIGTERM, lambda *_: stop.set())
+            stop.wait()
+        except KeyboardInterrupt:
+            pass
+
+
+if __name__ == "__main__":
+    serve_forever(json.loads(sys.argv[1]))
