@@ -2,5 +2,40 @@
 
 from .__version__ import __version__ as __version__
 from ._exceptions import AiostreamError as AiostreamError
+from ._exceptions import ClosedResourceError as ClosedResourceError
+from ._exceptions import ConfigNotFoundError as ConfigNotFoundError
+from ._exceptions import DecodeError as DecodeError
+from ._exceptions import EntryNotFoundError as EntryNotFoundError
+from ._exceptions import FetchError as FetchError
+from ._exceptions import FileChangedError as FileChangedError
+from ._exceptions import FrameTimestampError as FrameTimestampError
+from ._exceptions import GatedRepoError as GatedRepoError
+from ._exceptions import HubServerError as HubServerError
+from ._exceptions import RangeMismatchError as RangeMismatchError
+from ._exceptions import RepoNotFoundError as RepoNotFoundError
+from ._exceptions import ResolutionError as ResolutionError
+from ._exceptions import RetriesExhaustedError as RetriesExhaustedError
+from ._exceptions import RevisionNotFoundError as RevisionNotFoundError
+from ._exceptions import SourceError as SourceError
+from ._exceptions import SplitNotFoundError as SplitNotFoundError
 
-__all__ = ["AiostreamError", "__version__"]
+__all__ = [
+    "AiostreamError",
+    "ClosedResourceError",
+    "ConfigNotFoundError",
+    "DecodeError",
+    "EntryNotFoundError",
+    "FetchError",
+    "FileChangedError",
+    "FrameTimestampError",
+    "GatedRepoError",
+    "HubServerError",
+    "RangeMismatchError",
+    "RepoNotFoundError",
+    "ResolutionError",
+    "RetriesExhaustedError",
+    "RevisionNotFoundError",
+    "SourceError",
+    "SplitNotFoundError",
+    "__version__",
+]

@@ -26,7 +26,8 @@ _DEFAULT_TARGETS: tuple[Bucket, ...] = ("resolvers", "cdn")
 @dataclass(frozen=True)
 class Faults:
     """Faults to inject. Each fault happens by rate (a probability per request)
-    or by schedule (every Nth request of its targets), or both.
+    or by schedule (every Nth request of its targets, or the request numbers
+    in ``*_at``, counted from 1 per target bucket), or all of these.
 
     ``latency_ms`` is added to every request (a round trip); bandwidth caps
     are in bytes per second, per connection and for the whole server.
@@ -40,12 +41,15 @@ class Faults:
     bandwidth_total: float | None = None
     error_rate: float = 0.0
     error_every: int | None = None
+    error_at: tuple[int, ...] = ()
     error_status: int = 503
     cut_rate: float = 0.0
     cut_every: int | None = None
+    cut_at: tuple[int, ...] = ()
     cut_fraction: float = 0.5
     slow_first_byte_rate: float = 0.0
     slow_first_byte_every: int | None = None
+    slow_first_byte_at: tuple[int, ...] = ()
     slow_first_byte_ms: float = 1000.0
     targets: tuple[Bucket, ...] = _DEFAULT_TARGETS
     seed: int = 0
@@ -81,10 +85,13 @@ class Faults:
         names = {f.name for f in fields(cls)}
         unknown = set(data) - names
         if unknown:
-            raise HubServerError(f"Faults: unknown fields {sorted(unknown)}; known: {sorted(names)}")
+            raise HubServerError(
+                f"Faults: unknown fields {sorted(unknown)}; known: {sorted(names)}"
+            )
         values = dict(data)
-        if "targets" in values:
-            values["targets"] = tuple(values["targets"])
+        for name in ("targets", "error_at", "cut_at", "slow_first_byte_at"):
+            if name in values:
+                values[name] = tuple(values[name])
         return cls(**values)
 
 
@@ -151,14 +158,16 @@ class FaultInjector:
         with self._lock:
             n = self._counts[bucket] = self._counts.get(bucket, 0) + 1
 
-            def hit(rate: float, every: int | None) -> bool:
-                scheduled = every is not None and n % every == 0
+            def hit(rate: float, every: int | None, at: tuple[int, ...]) -> bool:
+                scheduled = (every is not None and n % every == 0) or n in at
                 drawn = rate > 0 and self._rng.random() < rate
                 return scheduled or drawn
 
-            error = hit(f.error_rate, f.error_every)
-            cut = has_body and not error and hit(f.cut_rate, f.cut_every)
-            slow = not error and hit(f.slow_first_byte_rate, f.slow_first_byte_every)
+            error = hit(f.error_rate, f.error_every, f.error_at)
+            cut = has_body and not error and hit(f.cut_rate, f.cut_every, f.cut_at)
+            slow = not error and hit(
+                f.slow_first_byte_rate, f.slow_first_byte_every, f.slow_first_byte_at
+            )
         return FaultDecision(error=error, cut=cut, slow_first_byte=slow)
 
 

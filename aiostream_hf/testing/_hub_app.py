@@ -251,8 +251,12 @@ class HubApp:
             return
 
         is_cdn = scope["server"] is not None and scope["server"][1] == self.cdn_port
-        bucket = "cdn" if is_cdn else "api" if path.startswith("/api/") else (
-            "resolvers" if "/resolve/" in path else "pages"
+        bucket = (
+            "cdn"
+            if is_cdn
+            else "api"
+            if path.startswith("/api/")
+            else ("resolvers" if "/resolve/" in path else "pages")
         )
         c = self.counters
         with c.lock:
@@ -440,7 +444,9 @@ class HubApp:
                 entry.update(size=f.size, blobId=f.oid)
                 if f.lfs:
                     entry["lfs"] = {
-                        "sha256": f.sha256, "size": f.size, "pointerSize": _LFS_POINTER_SIZE
+                        "sha256": f.sha256,
+                        "size": f.size,
+                        "pointerSize": _LFS_POINTER_SIZE,
                     }
             siblings.append(entry)
         org = repo_id.split("/")[0]
@@ -468,17 +474,24 @@ class HubApp:
     def _entry(self, snap: RefSnapshot, item: RepoFile | str, expand: bool) -> dict[str, Any]:
         if isinstance(item, str):
             entry: dict[str, Any] = {
-                "type": "directory", "oid": snap.tree_oid(item), "size": 0, "path": item
+                "type": "directory",
+                "oid": snap.tree_oid(item),
+                "size": 0,
+                "path": item,
             }
         else:
             entry = {"type": "file", "oid": item.oid, "size": item.size, "path": item.path}
             if item.lfs:
                 entry["lfs"] = {
-                    "oid": item.sha256, "size": item.size, "pointerSize": _LFS_POINTER_SIZE
+                    "oid": item.sha256,
+                    "size": item.size,
+                    "pointerSize": _LFS_POINTER_SIZE,
                 }
         if expand:
             entry["lastCommit"] = {
-                "id": snap.commit, "title": "Upload files", "date": _iso(snap.mtime)
+                "id": snap.commit,
+                "title": "Upload files",
+                "date": _iso(snap.mtime),
             }
         return entry
 
@@ -495,7 +508,9 @@ class HubApp:
             return snap
         if sub and sub not in snap.directories:
             return _error(
-                404, "EntryNotFound", f"{sub} does not exist on {revision}",
+                404,
+                "EntryNotFound",
+                f"{sub} does not exist on {revision}",
                 **{"X-Repo-Commit": snap.commit},
             )
         recursive = query.get("recursive", ["false"])[-1].lower() == "true"
@@ -634,7 +649,9 @@ class HubApp:
             return denied
         try:
             if int(params["expires"]) < time.time():
-                return _Response(403, {"Content-Type": "application/xml"}, b"<Error>Expired</Error>")
+                return _Response(
+                    403, {"Content-Type": "application/xml"}, b"<Error>Expired</Error>"
+                )
         except ValueError:
             return denied
         repo_id = f"{parts[2]}/{parts[3]}"

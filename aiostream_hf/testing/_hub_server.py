@@ -16,7 +16,7 @@ import json
 import logging
 import os
 import socket
-import subprocess
+import subprocess as sp
 import sys
 import threading
 from collections.abc import Mapping, Sequence
@@ -109,7 +109,7 @@ class HubServer:
         self._app: HubApp | None = None
         self._server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None
-        self._process: subprocess.Popen[str] | None = None
+        self._process: sp.Popen[str] | None = None
         self._state = "new"
         self.endpoint = ""
         self.cdn_endpoint = ""
@@ -118,7 +118,9 @@ class HubServer:
 
     def start(self) -> None:
         if self._state != "new":
-            raise ClosedResourceError(f"HubServer is {self._state}: create a new one to serve again")
+            raise ClosedResourceError(
+                f"HubServer is {self._state}: create a new one to serve again"
+            )
         if self._use_subprocess:
             self._start_subprocess()
         else:
@@ -186,10 +188,10 @@ class HubServer:
             "cdn_url_ttl_s": self._cdn_url_ttl_s,
             "lfs_threshold": self._lfs_threshold,
         }
-        self._process = proc = subprocess.Popen(
+        self._process = proc = sp.Popen(
             [sys.executable, "-m", "aiostream_hf.testing._hub_server", json.dumps(config)],
-            stdout=subprocess.PIPE,
-            stdin=subprocess.DEVNULL,
+            stdout=sp.PIPE,
+            stdin=sp.DEVNULL,
             text=True,
         )
         assert proc.stdout is not None
@@ -212,7 +214,7 @@ class HubServer:
             self._process.terminate()
             try:
                 self._process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
+            except sp.TimeoutExpired:
                 self._process.kill()
                 self._process.wait()
             if self._process.stdout is not None:
@@ -291,7 +293,9 @@ class HubServer:
         """The /resolve/ URL of a file, as huggingface_hub builds it."""
         from urllib.parse import quote
 
-        return f"{self.endpoint}/datasets/{repo_id}/resolve/{quote(revision, safe='')}/{quote(path)}"
+        return (
+            f"{self.endpoint}/datasets/{repo_id}/resolve/{quote(revision, safe='')}/{quote(path)}"
+        )
 
 
 def serve_forever(config: Mapping[str, Any], *, ready: Any = None) -> None:

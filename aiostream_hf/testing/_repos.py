@@ -102,7 +102,8 @@ def parse_ref_folder(folder_name: str) -> tuple[str, str]:
     if not ref or ref == "main" or ref.startswith("/") or ref.endswith("/"):
         raise HubServerError(
             f"repo folder {folder_name!r}: the part after '@' must be a branch name, "
-            "'refs/convert/NAME' or 'refs/tags/NAME', URL-quoted (e.g. NAME@refs%2Fconvert%2Fparquet)"
+            "'refs/convert/NAME' or 'refs/tags/NAME', URL-quoted "
+            "(e.g. NAME@refs%2Fconvert%2Fparquet)"
         )
     return name, ref
 

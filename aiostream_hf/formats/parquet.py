@@ -1,0 +1,454 @@
+"""The I/O-free core of the Parquet decoder: footer, row-group range planning, decode.
+
+Nothing here opens a file or a socket. Every function takes bytes that somebody
+else fetched and returns data, so the same code runs in a worker thread under
+``anyio.to_thread``, in tests and in plugins. The async layer drives it like
+this, with the file size taken from the manifest (no HEAD request)::
+
+    start, end = tail_range(size)
+    tail = await fetch(start, end)                        # read 1: the tail
+    n = footer_length(tail, size, name)
+    if n > len(tail):                                     # read 2, only for big footers
+        tail = await fetch(size - n, start) + tail
+    footer = parse_footer(tail, size, name)
+    for plan in plan_row_groups(footer, columns, filter=filter):
+        buffers = {r: await fetch(*r) for r in plan.ranges}   # selected column chunks
+        table = await to_thread(decode_row_group, footer, plan, buffers, filter=filter)
+
+``plan.ranges`` are exact file byte ranges (adjacent chunks merged); the fetcher
+may coalesce or split them further, and ``decode_row_group`` accepts any set of
+buffers that covers them (for example the tail itself, for a small file).
+"""
+
+from __future__ import annotations
+
+import re
+import struct
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypeAlias
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as ds
+import pyarrow.parquet as pq
+
+from .._exceptions import DecodeError, SourceError
+
+__all__ = [
+    "TAIL_READ_SIZE",
+    "ParquetFooter",
+    "RowGroupPlan",
+    "decode_row_group",
+    "footer_length",
+    "parse_footer",
+    "plan_row_groups",
+    "prune_row_groups",
+    "tail_range",
+]
+
+TAIL_READ_SIZE = 64 * 1024
+"""Bytes read from the end of a file first: enough for the footer of most files."""
+
+_MAGIC = b"PAR1"
+_MAGIC_ENCRYPTED = b"PARE"
+_TRAILER = 8  # little-endian uint32 metadata length + magic
+_MIN_FILE_SIZE = len(_MAGIC) + _TRAILER
+
+# Files written by parquet-mr <= 1.2.8 leave the dictionary page header out of
+# total_compressed_size; Arrow reads up to this many bytes more (PARQUET-816).
+_PARQUET_816_PADDING = 100
+_PARQUET_MR_VERSION = re.compile(r"^parquet-mr\s+version\s+(\d+)\.(\d+)\.(\d+)")
+
+BufferLike: TypeAlias = bytes | bytearray | memoryview | pa.Buffer
+"""What a fetched byte range may be handed over as; none of them is copied."""
+
+
+@dataclass(frozen=True, eq=False)
+class ParquetFooter:
+    """The parsed footer of one Parquet file: everything needed to plan and decode it."""
+
+    name: str
+    """The file's URL or name, used in error messages."""
+    file_size: int
+    metadata: pq.FileMetaData
+    """Row groups, column chunks and their statistics."""
+    schema: pa.Schema
+    """The Arrow schema, with the file's key-value metadata (``pandas``, ``huggingface``)."""
+    leaf_columns: Mapping[str, tuple[int, ...]] = field(repr=False)
+    """The leaf column indices (column chunks) of each top-level column, in file order."""
+    metadata_file: pa.Buffer = field(repr=False)
+    """The footer as a standalone ``_metadata`` file: ``PAR1`` + footer."""
+
+    @property
+    def num_rows(self) -> int:
+        return int(self.metadata.num_rows)
+
+    @property
+    def num_row_groups(self) -> int:
+        return int(self.metadata.num_row_groups)
+
+
+@dataclass(frozen=True)
+class RowGroupPlan:
+    """What to fetch and decode for one row group."""
+
+    row_group: int
+    num_rows: int
+    columns: tuple[str, ...]
+    """The columns the decoded table holds, in the order asked for."""
+    read_columns: tuple[str, ...]
+    """The columns decoded: ``columns`` and those that only the filter needs."""
+    column_indices: tuple[int, ...]
+    """The leaf columns (column chunks) of ``read_columns``, in file order."""
+    ranges: tuple[tuple[int, int], ...]
+    """File byte ranges ``(start, end)``, end exclusive, sorted; adjacent chunks merged."""
+
+    @property
+    def nbytes(self) -> int:
+        """The bytes to fetch for this row group."""
+        return sum(end - start for start, end in self.ranges)
+
+
+def tail_range(file_size: int, tail_size: int = TAIL_READ_SIZE) -> tuple[int, int]:
+    """The byte range of the first read of a file: its last ``tail_size`` bytes."""
+    if file_size < 0 or tail_size <= 0:
+        raise ValueError(f"file_size must be >= 0 and tail_size > 0: {file_size}, {tail_size}")
+    return max(0, file_size - tail_size), file_size
+
+
+def footer_length(tail: BufferLike, file_size: int, name: str) -> int:
+    """The length of the footer (metadata + 8 bytes) of a file, from the end of its bytes.
+
+    ``tail`` is the last ``len(tail)`` bytes of the file (at least 8). When the
+    result exceeds ``len(tail)`` the caller reads the missing bytes before it and
+    prepends them. Raises ``DecodeError`` naming ``name`` if the bytes are not
+    Parquet.
+    """
+    view = memoryview(tail).cast("B")
+    if len(view) > file_size:
+        raise ValueError(f"{len(view)} tail bytes given for {name} of {file_size} bytes")
+    if file_size < _MIN_FILE_SIZE:
+        raise DecodeError(
+            f"{name} is not a Parquet file: {file_size} bytes is shorter than "
+            f"the {_MIN_FILE_SIZE} of the smallest one"
+        )
+    if len(view) < _TRAILER:
+        raise ValueError(f"at least the last {_TRAILER} bytes of {name} are needed")
+    magic = bytes(view[-4:])
+    if magic == _MAGIC_ENCRYPTED:
+        raise DecodeError(f"{name} is an encrypted Parquet file, which is not supported")
+    if magic != _MAGIC:
+        raise DecodeError(
+            f"{name} is not a Parquet file, or is truncated: it does not end with "
+            f"{_MAGIC!r} (last bytes {magic!r})"
+        )
+    (metadata_length,) = struct.unpack("<I", view[-8:-4])
+    length = int(metadata_length) + _TRAILER
+    if length + len(_MAGIC) > file_size:
+        raise DecodeError(
+            f"{name} is corrupt or truncated: its footer says {length} bytes "
+            f"but the file has {file_size}"
+        )
+    if len(view) == file_size and bytes(view[:4]) != _MAGIC:
+        raise DecodeError(f"{name} is not a Parquet file: it does not start with {_MAGIC!r}")
+    return length
+
+
+def parse_footer(tail: BufferLike, file_size: int, name: str) -> ParquetFooter:
+    """Parse the footer of a file from its last bytes, which must hold the whole footer."""
+    length = footer_length(tail, file_size, name)
+    view = memoryview(tail).cast("B")
+    if length > len(view):
+        raise ValueError(
+            f"the footer of {name} is {length} bytes but only the last {len(view)} "
+            f"were given: read bytes [{file_size - length}, {file_size - len(view)}) too"
+        )
+    metadata_file = pa.py_buffer(_MAGIC + view[len(view) - length :])
+    try:
+        with pq.ParquetFile(pa.BufferReader(metadata_file)) as pf:
+            metadata = pf.metadata
+            schema = pf.schema_arrow
+            paths: list[list[str]] = pf.reader.column_paths
+    except (pa.ArrowException, OSError) as exc:
+        raise DecodeError(f"cannot read the Parquet footer of {name}: {exc}") from exc
+    leaves: dict[str, list[int]] = {}
+    for index, path in enumerate(paths):
+        leaves.setdefault(path[0], []).append(index)
+    return ParquetFooter(
+        name=name,
+        file_size=file_size,
+        metadata=metadata,
+        schema=schema,
+        leaf_columns={column: tuple(indices) for column, indices in leaves.items()},
+        metadata_file=metadata_file,
+    )
+
+
+def prune_row_groups(footer: ParquetFooter, filter: pc.Expression) -> list[int]:
+    """The row groups that may hold rows matching ``filter``, judged by column statistics.
+
+    Conservative: a row group is dropped only when its statistics prove that no
+    row matches; anything the statistics cannot decide keeps it. Raises
+    ``SourceError`` if ``filter`` does not apply to the file's schema.
+    """
+    fragment = ds.ParquetFileFormat().make_fragment(footer.metadata_file)
+    try:
+        kept = fragment.subset(filter).row_groups
+    except pa.ArrowException as exc:
+        raise _filter_error(footer, filter, exc) from exc
+    return [int(row_group.id) for row_group in kept]
+
+
+def plan_row_groups(
+    footer: ParquetFooter,
+    columns: Sequence[str] | None = None,
+    row_groups: Sequence[int] | None = None,
+    *,
+    filter: pc.Expression | None = None,
+) -> list[RowGroupPlan]:
+    """Plan the reads of the given row groups (default: all), skipping those without rows.
+
+    ``columns`` are top-level column names (default: all of them); a nested
+    column brings all its leaves. With a ``filter``, the columns it needs are
+    read too, and row groups whose statistics rule out a match are left out.
+    """
+    names = _resolve_columns(footer, columns)
+    read_columns = names
+    if filter is not None:
+        extra = [c for c in _filter_columns(footer, filter) if c not in names]
+        read_columns = names + tuple(extra)
+    indices = tuple(sorted(i for c in read_columns for i in footer.leaf_columns[c]))
+
+    count = footer.num_row_groups
+    if row_groups is None:
+        selected = list(range(count))
+    else:
+        selected = [int(i) for i in row_groups]
+        bad = [i for i in selected if not 0 <= i < count]
+        if bad:
+            raise SourceError(f"no row group {bad[0]} in {footer.name}: it has {count}")
+    if filter is not None:
+        may_match = set(prune_row_groups(footer, filter))
+        selected = [i for i in selected if i in may_match]
+
+    padding = _PARQUET_816_PADDING if _needs_parquet_816_padding(footer.metadata.created_by) else 0
+    plans = []
+    for i in selected:
+        row_group = footer.metadata.row_group(i)
+        if row_group.num_rows == 0:
+            continue
+        chunks = [_chunk_range(footer, i, j, padding) for j in indices]
+        plans.append(
+            RowGroupPlan(
+                row_group=i,
+                num_rows=int(row_group.num_rows),
+                columns=names,
+                read_columns=read_columns,
+                column_indices=indices,
+                ranges=_merge(chunks),
+            )
+        )
+    return plans
+
+
+def decode_row_group(
+    footer: ParquetFooter,
+    plan: RowGroupPlan,
+    buffers: Mapping[tuple[int, int], BufferLike],
+    *,
+    filter: pc.Expression | None = None,
+) -> pa.Table:
+    """Decode one planned row group from fetched buffers; CPU-bound, run it in a thread.
+
+    ``buffers`` maps file byte ranges ``(start, end)`` to their bytes and must
+    cover ``plan.ranges`` (the ranges themselves, or any larger or differently
+    cut ones). Nothing is copied. ``filter`` must be the one given to
+    ``plan_row_groups``. The table keeps the schema's key-value metadata.
+    """
+    source = _RangeFile(footer.name, footer.file_size, buffers)
+    native = pa.PythonFile(source, mode="r")
+    try:
+        with pq.ParquetFile(native, metadata=footer.metadata, pre_buffer=False) as pf:
+            table = pf.read_row_group(plan.row_group, columns=list(plan.read_columns))
+    except (pa.ArrowException, OSError) as exc:
+        raise DecodeError(
+            f"cannot decode row group {plan.row_group} of {footer.name}: {exc}"
+        ) from exc
+    finally:
+        native.close()
+    if filter is not None:
+        try:
+            table = table.filter(filter)
+        except pa.ArrowException as exc:
+            raise SourceError(
+                f"filter {filter} cannot be applied to row group {plan.row_group} of "
+                f"{footer.name} ({exc}); plan the row groups with the same filter"
+            ) from exc
+    if table.column_names != list(plan.columns):
+        table = table.select(list(plan.columns))
+    return table
+
+
+# -- helpers ---------------------------------------------------------------------------
+
+
+def _resolve_columns(footer: ParquetFooter, columns: Sequence[str] | None) -> tuple[str, ...]:
+    available = footer.schema.names
+    if columns is None:
+        return tuple(available)
+    if isinstance(columns, str):
+        raise SourceError(f"columns must be a sequence of names, not the string {columns!r}")
+    unknown = [c for c in columns if c not in footer.leaf_columns]
+    if unknown:
+        raise SourceError(
+            f"no column {unknown[0]!r} in {footer.name}: columns are {', '.join(available)}"
+        )
+    return tuple(dict.fromkeys(columns))
+
+
+def _filter_columns(footer: ParquetFooter, filter: pc.Expression) -> tuple[str, ...]:
+    """The top-level columns ``filter`` refers to.
+
+    pyarrow has no public walk over an Expression, so this asks which columns
+    cannot be removed from an empty table of the schema without the filter
+    failing to bind: a bisection, about 2k*log2(n) binds for k of n columns.
+    """
+    empty = footer.schema.empty_table()
+    try:
+        empty.filter(filter)
+    except pa.ArrowException as exc:
+        raise _filter_error(footer, filter, exc) from exc
+
+    def binds_without(names: list[str]) -> bool:
+        try:
+            empty.drop_columns(names).filter(filter)
+        except pa.ArrowException:
+            return False
+        return True
+
+    def needed(names: list[str]) -> list[str]:
+        if not names or binds_without(names):
+            return []
+        if len(names) == 1:
+            return names
+        middle = len(names) // 2
+        return needed(names[:middle]) + needed(names[middle:])
+
+    return tuple(needed(list(dict.fromkeys(empty.column_names))))
+
+
+def _filter_error(footer: ParquetFooter, filter: pc.Expression, exc: Exception) -> SourceError:
+    columns = ", ".join(footer.schema.names)
+    return SourceError(
+        f"filter {filter} cannot be applied to {footer.name} (columns are {columns}): {exc}"
+    )
+
+
+def _needs_parquet_816_padding(created_by: str | None) -> bool:
+    """Whether Arrow pads column chunk reads of this writer (parquet-mr before 1.2.9)."""
+    if not created_by or not created_by.startswith("parquet-mr"):
+        return False
+    match = _PARQUET_MR_VERSION.match(created_by)
+    if match is None:
+        return True  # a parquet-mr version Arrow cannot order: pad, at worst 100 bytes more
+    return tuple(int(part) for part in match.groups()) < (1, 2, 9)
+
+
+def _chunk_range(
+    footer: ParquetFooter, row_group: int, column: int, padding: int
+) -> tuple[int, int]:
+    """The bytes pyarrow reads for one column chunk (as Arrow's ComputeColumnChunkRange)."""
+    chunk = footer.metadata.row_group(row_group).column(column)
+    start = int(chunk.data_page_offset)
+    dictionary = chunk.dictionary_page_offset
+    if chunk.has_dictionary_page and dictionary is not None and 0 < dictionary < start:
+        start = int(dictionary)
+    end = start + int(chunk.total_compressed_size)
+    if start < 0 or end < start or end > footer.file_size:
+        raise DecodeError(
+            f"{footer.name} is corrupt: column chunk {chunk.path_in_schema!r} of row group "
+            f"{row_group} claims bytes [{start}, {end}) of a {footer.file_size}-byte file"
+        )
+    return start, min(end + padding, footer.file_size)
+
+
+def _merge(ranges: list[tuple[int, int]]) -> tuple[tuple[int, int], ...]:
+    merged: list[tuple[int, int]] = []
+    for start, end in sorted(ranges):
+        if merged and start <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], end))
+        else:
+            merged.append((start, end))
+    return tuple(merged)
+
+
+class _RangeFile:
+    """A read-only file of ``size`` bytes of which only the given ranges are present.
+
+    Handed to pyarrow through ``pa.PythonFile``: pyarrow seeks and reads whole
+    column chunks, and each read returns a zero-copy view of a fetched buffer.
+    A read of bytes that no buffer holds is a planning bug and raises.
+    """
+
+    mode = "rb"
+
+    def __init__(self, name: str, size: int, buffers: Mapping[tuple[int, int], BufferLike]):
+        self._name = name
+        self._size = size
+        self._position = 0
+        self.closed = False
+        pieces = []
+        for (start, end), buffer in buffers.items():
+            view = memoryview(buffer).cast("B")
+            if not 0 <= start <= end <= size or len(view) != end - start:
+                raise ValueError(
+                    f"buffer for bytes [{start}, {end}) of {name} ({size} bytes) "
+                    f"holds {len(view)} bytes"
+                )
+            pieces.append((start, end, view))
+        pieces.sort(key=lambda piece: piece[0])
+        self._pieces = pieces
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def writable(self) -> bool:
+        return False
+
+    def tell(self) -> int:
+        return self._position
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        base = (0, self._position, self._size)[whence]
+        self._position = base + offset
+        return self._position
+
+    def read(self, nbytes: int = -1) -> Any:
+        start = self._position
+        end = self._size if nbytes is None or nbytes < 0 else min(start + nbytes, self._size)
+        if end <= start:
+            return b""
+        self._position = end
+        parts = []
+        position = start
+        for piece_start, piece_end, view in self._pieces:
+            if piece_end <= position or piece_start > position:
+                continue
+            take = min(end, piece_end)
+            parts.append(view[position - piece_start : take - piece_start])
+            position = take
+            if position == end:
+                break
+        if position != end:
+            raise ValueError(
+                f"pyarrow read bytes [{start}, {end}) of {self._name}, but no buffer given "
+                f"holds bytes from {position}: pass buffers for every range of the plan"
+            )
+        return parts[0] if len(parts) == 1 else b"".join(parts)
+
+    def close(self) -> None:
+        self.closed = True

@@ -1,0 +1,34 @@
+"""Testing tools: a local Hub-compatible server and synthetic dataset makers.
+
+from aiostream_hf.testing import HubServer, make_repo_split_naming
+
+make_repo_split_naming(root)
+with HubServer(root) as hub:
+    ...  # point HF_ENDPOINT (or endpoint=) at hub.endpoint
+"""
+
+from ._datasets import make_image_parquet as make_image_parquet
+from ._datasets import make_repo as make_repo
+from ._datasets import make_repo_split_folders as make_repo_split_folders
+from ._datasets import make_repo_split_naming as make_repo_split_naming
+from ._datasets import make_repo_yaml_configs as make_repo_yaml_configs
+from ._datasets import make_text_parquet as make_text_parquet
+from ._datasets import make_webdataset_shards as make_webdataset_shards
+from ._faults import Faults as Faults
+from ._faults import RateLimits as RateLimits
+from ._hub_app import HubStats as HubStats
+from ._hub_server import HubServer as HubServer
+
+__all__ = [
+    "Faults",
+    "HubServer",
+    "HubStats",
+    "RateLimits",
+    "make_image_parquet",
+    "make_repo",
+    "make_repo_split_folders",
+    "make_repo_split_naming",
+    "make_repo_yaml_configs",
+    "make_text_parquet",
+    "make_webdataset_shards",
+]
