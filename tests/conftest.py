@@ -13,6 +13,20 @@ os.environ.setdefault("HF_HUB_DISABLE_IMPLICIT_TOKEN", "1")
 os.environ["HF_ENDPOINT"] = "http://127.0.0.1:9"  # discard port: a stray real-Hub call fails
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked ``torch`` skip without torch, and fail in CI (AIOSTREAM_REQUIRE_TORCH=1)."""
+    try:
+        import torch  # noqa: F401
+    except ImportError as exc:
+        reason = f"needs torch ({exc}); install with pip install torch==2.13.0"
+        required = os.environ.get("AIOSTREAM_REQUIRE_TORCH") == "1"
+        needing = [item for item in items if item.get_closest_marker("torch") is not None]
+        if needing and required:
+            raise pytest.UsageError(f"{len(needing)} tests {reason}, and CI requires them")
+        for item in needing:
+            item.add_marker(pytest.mark.skip(reason=reason))
+
+
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"
