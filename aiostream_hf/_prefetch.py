@@ -1,0 +1,180 @@
+"""Prefetcher: ordered readahead of decode units, bounded by count and by bytes.
+
+    async with Prefetcher(jobs, max_count=8, max_bytes=512 << 20) as results:
+        async for item in results:   # in the order of ``jobs``
+            ...
+
+A job is ``(cost, fn)``: ``cost`` is the bytes the job will hold (known before
+it runs, e.g. the sum of its byte ranges) and ``fn`` an async callable that
+does the work. Jobs start in order while fewer than ``max_count`` results are
+held and their costs fit in ``max_bytes`` (one job always may start, so a job
+larger than the budget still runs, alone). A result is released when the
+consumer takes the next one.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Generic, TypeVar
+
+import anyio
+from anyio.abc import TaskGroup
+
+from ._exceptions import ClosedResourceError, SourceError
+
+__all__ = ["Job", "PrefetchStatistics", "Prefetcher"]
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Job(Generic[T]):
+    cost: int
+    run: Callable[[], Awaitable[T]]
+
+
+@dataclass(frozen=True)
+class PrefetchStatistics:
+    started: int
+    delivered: int
+    held: int
+    held_bytes: int
+    max_held: int
+    max_held_bytes: int
+    max_count: int
+    max_bytes: int
+
+
+class _Slot(Generic[T]):
+    __slots__ = ("cost", "done", "error", "value")
+
+    def __init__(self, cost: int) -> None:
+        self.cost = cost
+        self.done = anyio.Event()
+        self.value: T | None = None
+        self.error: BaseException | None = None
+
+
+class Prefetcher(Generic[T]):
+    """Runs jobs ahead of the consumer, in order, within a count and a byte budget."""
+
+    def __init__(
+        self, jobs: AsyncIterable[Job[T]], *, max_count: int, max_bytes: int
+    ) -> None:
+        if max_count < 1 or max_bytes < 1:
+            raise SourceError(
+                f"Prefetcher: max_count={max_count} and max_bytes={max_bytes} must be >= 1"
+            )
+        self._jobs = jobs
+        self._max_count = max_count
+        self._max_bytes = max_bytes
+        self._slots: deque[_Slot[T]] = deque()
+        self._held_bytes = 0
+        self._space = anyio.Event()  # set when a slot is released
+        self._more = anyio.Event()  # set when a slot is added or the jobs end
+        self._jobs_done = False
+        self._jobs_error: Exception | None = None
+        self._tg: TaskGroup | None = None
+        self._closed = False
+        self._started = self._delivered = 0
+        self._max_held = self._max_held_bytes = 0
+
+    def statistics(self) -> PrefetchStatistics:
+        return PrefetchStatistics(
+            started=self._started,
+            delivered=self._delivered,
+            held=len(self._slots),
+            held_bytes=self._held_bytes,
+            max_held=self._max_held,
+            max_held_bytes=self._max_held_bytes,
+            max_count=self._max_count,
+            max_bytes=self._max_bytes,
+        )
+
+    async def __aenter__(self) -> Prefetcher[T]:
+        if self._closed or self._tg is not None:
+            raise ClosedResourceError("a Prefetcher runs once: create a new one")
+        self._tg = anyio.create_task_group()
+        await self._tg.__aenter__()
+        self._tg.start_soon(self._produce)
+        return self
+
+    async def __aexit__(
+        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> bool | None:
+        assert self._tg is not None
+        self._closed = True
+        self._tg.cancel_scope.cancel()  # stop readahead: the consumer is gone
+        if e is None or isinstance(e, anyio.get_cancelled_exc_class()):
+            return await self._tg.__aexit__(et, e, tb)
+        # The consumer's own error (or GeneratorExit) propagates as it is, not
+        # wrapped in an ExceptionGroup: our tasks never raise anything else.
+        await self._tg.__aexit__(None, None, None)
+        return None
+
+    def _fits(self, cost: int) -> bool:
+        if not self._slots:
+            return True
+        return len(self._slots) < self._max_count and self._held_bytes + cost <= self._max_bytes
+
+    async def _produce(self) -> None:
+        assert self._tg is not None
+        try:
+            async for job in self._jobs:
+                while not self._fits(job.cost):
+                    self._space = anyio.Event()
+                    await self._space.wait()
+                slot: _Slot[T] = _Slot(job.cost)
+                self._slots.append(slot)
+                self._held_bytes += job.cost
+                self._started += 1
+                self._max_held = max(self._max_held, len(self._slots))
+                self._max_held_bytes = max(self._max_held_bytes, self._held_bytes)
+                self._tg.start_soon(self._run, job, slot)
+                self._more.set()
+        except anyio.get_cancelled_exc_class():
+            raise
+        except Exception as exc:  # planning failed: delivered after the units before it
+            self._jobs_error = exc
+        finally:
+            self._jobs_done = True
+            self._more.set()
+
+    async def _run(self, job: Job[T], slot: _Slot[T]) -> None:
+        try:
+            slot.value = await job.run()
+        except anyio.get_cancelled_exc_class():
+            raise
+        except Exception as exc:  # delivered to the consumer, in order
+            slot.error = exc
+        finally:
+            slot.done.set()
+
+    def __aiter__(self) -> AsyncIterator[T]:
+        return self._results()
+
+    async def _results(self) -> AsyncIterator[T]:
+        if self._tg is None:
+            raise ClosedResourceError("iterate a Prefetcher inside `async with`")
+        while True:
+            while not self._slots:
+                if self._jobs_done:
+                    if self._jobs_error is not None:
+                        raise self._jobs_error
+                    return
+                self._more = anyio.Event()
+                if self._slots or self._jobs_done:
+                    continue
+                await self._more.wait()
+            slot = self._slots[0]
+            await slot.done.wait()
+            self._slots.popleft()
+            self._held_bytes -= slot.cost
+            self._space.set()
+            if slot.error is not None:
+                raise slot.error
+            self._delivered += 1
+            yield slot.value  # type: ignore[misc]

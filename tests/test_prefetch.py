@@ -1,0 +1,132 @@
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import anyio
+import pytest
+
+from aiostream_hf import ClosedResourceError
+from aiostream_hf._prefetch import Job, Prefetcher
+
+pytestmark = pytest.mark.anyio
+
+
+def _jobs(costs: list[int], log: list[str], gates: dict[int, anyio.Event] | None = None):
+    async def jobs() -> AsyncIterator[Job[int]]:
+        for i, cost in enumerate(costs):
+
+            async def run(i: int = i) -> int:
+                log.append(f"start {i}")
+                if gates and i in gates:
+                    await gates[i].wait()
+                return i
+
+            yield Job(cost, run)
+
+    return jobs()
+
+
+async def test_results_come_in_order_even_when_jobs_finish_out_of_order() -> None:
+    log: list[str] = []
+    gate = anyio.Event()
+    got: list[int] = []
+
+    async def open_gate_when_others_are_done() -> None:
+        await anyio.wait_all_tasks_blocked()
+        assert got == []  # 1..4 are done but wait behind job 0
+        gate.set()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(open_gate_when_others_are_done)
+        async with Prefetcher(_jobs([1] * 5, log, {0: gate}), max_count=5, max_bytes=100) as p:
+            async for value in p:
+                got.append(value)
+    assert got == [0, 1, 2, 3, 4]
+
+
+async def test_readahead_is_bounded_by_count() -> None:
+    log: list[str] = []
+    async with Prefetcher(_jobs([1] * 10, log), max_count=3, max_bytes=100) as p:
+        async for value in p:
+            # never more than 3 results held, the current one included
+            assert p.statistics().held <= 3
+            await anyio.wait_all_tasks_blocked()
+            # the one being consumed is released: at most 3 more have started
+            assert len(log) <= min(10, value + 1 + 3)
+        assert p.statistics().max_held == 3
+        assert p.statistics().delivered == 10
+
+
+async def test_readahead_is_bounded_by_bytes_but_a_big_job_runs_alone() -> None:
+    log: list[str] = []
+    costs = [40, 40, 40, 500, 10]
+    async with Prefetcher(_jobs(costs, log), max_count=10, max_bytes=100) as p:
+        seen = []
+        async for value in p:
+            seen.append(value)
+            assert p.statistics().held_bytes <= 100 or p.statistics().held == 1
+        assert seen == [0, 1, 2, 3, 4]
+        assert p.statistics().max_held_bytes == 500  # the oversize job, alone
+
+
+async def test_a_failing_job_raises_in_order_after_earlier_results() -> None:
+    async def jobs() -> AsyncIterator[Job[int]]:
+        async def ok() -> int:
+            return 1
+
+        async def bad() -> int:
+            raise ValueError("unit 2 is corrupt")
+
+        yield Job(1, ok)
+        yield Job(1, bad)
+        yield Job(1, ok)
+
+    got = []
+    with pytest.raises(ValueError, match="unit 2 is corrupt"):
+        async with Prefetcher(jobs(), max_count=4, max_bytes=10) as p:
+            async for value in p:
+                got.append(value)
+    assert got == [1]
+
+
+async def test_a_failing_job_source_raises_after_the_jobs_before_it() -> None:
+    async def jobs() -> AsyncIterator[Job[int]]:
+        async def ok() -> int:
+            return 7
+
+        yield Job(1, ok)
+        raise OSError("footer of file 2 unreadable")
+
+    got = []
+    with pytest.raises(OSError, match="footer of file 2"):
+        async with Prefetcher(jobs(), max_count=4, max_bytes=10) as p:
+            async for value in p:
+                got.append(value)
+    assert got == [7]
+
+
+async def test_leaving_early_cancels_readahead() -> None:
+    log: list[str] = []
+    never = anyio.Event()
+    async with Prefetcher(_jobs([1] * 4, log, {1: never}), max_count=4, max_bytes=10) as p:
+        async for value in p:
+            assert value == 0
+            break
+    assert not never.is_set()  # job 1 was cancelled, not awaited forever
+
+
+async def test_cancellation_from_outside_propagates() -> None:
+    log: list[str] = []
+    never = anyio.Event()
+    with anyio.move_on_after(0.05) as scope:
+        async with Prefetcher(_jobs([1, 1], log, {0: never}), max_count=2, max_bytes=10) as p:
+            async for _ in p:
+                pytest.fail("nothing should be delivered")
+    assert scope.cancelled_caught
+
+
+async def test_iterating_outside_the_context_is_an_error() -> None:
+    p: Prefetcher[int] = Prefetcher(_jobs([1], []), max_count=1, max_bytes=1)
+    with pytest.raises(ClosedResourceError):
+        async for _ in p:
+            pass
