@@ -22,9 +22,11 @@ buffers that covers them (for example the tail itself, for a small file).
 
 from __future__ import annotations
 
+import os
 import re
 import struct
 from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TypeAlias
 
@@ -34,11 +36,16 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
 from .._exceptions import DecodeError, SourceError
+from .._resolver import FileRef
+from . import ByteSource, Decoder, ReadRequest, Unit
 
 __all__ = [
-    "TAIL_READ_SIZE",
+    "BufferLike",
+    "ParquetDecoder",
     "ParquetFooter",
+    "ParquetUnit",
     "RowGroupPlan",
+    "TAIL_READ_SIZE",
     "decode_row_group",
     "footer_length",
     "parse_footer",
@@ -58,6 +65,9 @@ _MIN_FILE_SIZE = len(_MAGIC) + _TRAILER
 # Files written by parquet-mr <= 1.2.8 leave the dictionary page header out of
 # total_compressed_size; Arrow reads up to this many bytes more (PARQUET-816).
 _PARQUET_816_PADDING = 100
+# Row groups that decode to fewer bytes than this per thread are decoded on one thread.
+_PARALLEL_MIN_BYTES = 4 * 1024 * 1024
+
 _PARQUET_MR_VERSION = re.compile(r"^parquet-mr\s+version\s+(\d+)\.(\d+)\.(\d+)")
 
 BufferLike: TypeAlias = bytes | bytearray | memoryview | pa.Buffer
@@ -238,7 +248,7 @@ def plan_row_groups(
         row_group = footer.metadata.row_group(i)
         if row_group.num_rows == 0:
             continue
-        chunks = [_chunk_range(footer, i, j, padding) for j in indices]
+        chunks = [_chunk_range(footer, i, row_group.column(j), padding) for j in indices]
         plans.append(
             RowGroupPlan(
                 row_group=i,
@@ -263,20 +273,33 @@ def decode_row_group(
 
     ``buffers`` maps file byte ranges ``(start, end)`` to their bytes and must
     cover ``plan.ranges`` (the ranges themselves, or any larger or differently
-    cut ones). Nothing is copied. ``filter`` must be the one given to
-    ``plan_row_groups``. The table keeps the schema's key-value metadata.
+    cut ones). They are read in place, never copied, and the table does not
+    refer to them: they can be freed once this returns. ``filter`` must be the
+    one given to ``plan_row_groups``. The table keeps the schema's key-value
+    metadata. Large row groups are decoded on several threads, joined before
+    this returns.
     """
-    source = _RangeFile(footer.name, footer.file_size, buffers)
-    native = pa.PythonFile(source, mode="r")
+    groups = _column_groups(footer, plan)
     try:
-        with pq.ParquetFile(native, metadata=footer.metadata, pre_buffer=False) as pf:
-            table = pf.read_row_group(plan.row_group, columns=list(plan.read_columns))
+        if len(groups) == 1:
+            table = _read_columns(footer, plan.row_group, groups[0], buffers)
+        else:
+            with ThreadPoolExecutor(len(groups), thread_name_prefix="aiostream-parquet") as pool:
+                parts = list(
+                    pool.map(lambda g: _read_columns(footer, plan.row_group, g, buffers), groups)
+                )
+            fields = {field.name: (part, field) for part in parts for field in part.schema}
+            table = pa.Table.from_arrays(
+                [fields[name][0].column(name) for name in plan.read_columns],
+                schema=pa.schema(
+                    [fields[name][1] for name in plan.read_columns],
+                    metadata=parts[0].schema.metadata,
+                ),
+            )
     except (pa.ArrowException, OSError) as exc:
         raise DecodeError(
             f"cannot decode row group {plan.row_group} of {footer.name}: {exc}"
         ) from exc
-    finally:
-        native.close()
     if filter is not None:
         try:
             table = table.filter(filter)
@@ -291,6 +314,55 @@ def decode_row_group(
 
 
 # -- helpers ---------------------------------------------------------------------------
+
+
+def _read_columns(
+    footer: ParquetFooter,
+    row_group: int,
+    columns: Sequence[str],
+    buffers: Mapping[tuple[int, int], BufferLike],
+) -> pa.Table:
+    """Decode some columns of a row group on this thread.
+
+    pyarrow wraps what a Python file returns in buffers that take the GIL when
+    they are freed; with ``use_threads=True`` Arrow's own worker threads free
+    them after the read returns, and one that does so while the interpreter
+    exits aborts the process. So pyarrow decodes on the calling thread, and
+    ``decode_row_group`` spreads columns over Python threads that it joins.
+    """
+    native = pa.PythonFile(_RangeFile(footer.name, footer.file_size, buffers), mode="r")
+    try:
+        with pq.ParquetFile(native, metadata=footer.metadata, pre_buffer=False) as pf:
+            return pf.read_row_group(row_group, columns=list(columns), use_threads=False)
+    finally:
+        native.close()
+
+
+def _column_groups(footer: ParquetFooter, plan: RowGroupPlan) -> list[list[str]]:
+    """Split the columns to read into groups of similar decoded size, one per thread."""
+    row_group = footer.metadata.row_group(plan.row_group)
+    sizes = {
+        name: sum(row_group.column(i).total_uncompressed_size for i in footer.leaf_columns[name])
+        for name in plan.read_columns
+    }
+    total = sum(sizes.values())
+    count = min(_cpu_count(), len(sizes), total // _PARALLEL_MIN_BYTES)
+    if count <= 1:
+        return [list(plan.read_columns)]
+    groups: list[list[str]] = [[] for _ in range(count)]
+    loads = [0] * count
+    for name in sorted(sizes, key=sizes.__getitem__, reverse=True):
+        lightest = loads.index(min(loads))
+        groups[lightest].append(name)
+        loads[lightest] += sizes[name]
+    return [group for group in groups if group]
+
+
+def _cpu_count() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
 
 
 def _resolve_columns(footer: ParquetFooter, columns: Sequence[str] | None) -> tuple[str, ...]:
@@ -356,10 +428,9 @@ def _needs_parquet_816_padding(created_by: str | None) -> bool:
 
 
 def _chunk_range(
-    footer: ParquetFooter, row_group: int, column: int, padding: int
+    footer: ParquetFooter, row_group: int, chunk: pq.ColumnChunkMetaData, padding: int
 ) -> tuple[int, int]:
     """The bytes pyarrow reads for one column chunk (as Arrow's ComputeColumnChunkRange)."""
-    chunk = footer.metadata.row_group(row_group).column(column)
     start = int(chunk.data_page_offset)
     dictionary = chunk.dictionary_page_offset
     if chunk.has_dictionary_page and dictionary is not None and 0 < dictionary < start:
@@ -452,3 +523,46 @@ class _RangeFile:
 
     def close(self) -> None:
         self.closed = True
+
+
+@dataclass(frozen=True)
+class ParquetUnit(Unit):
+    """One row group of one file, with the footer it was planned from."""
+
+    footer: ParquetFooter | None = None
+    plan: RowGroupPlan | None = None
+
+
+class ParquetDecoder(Decoder[ParquetUnit]):
+    """Parquet: one tail read for the footer, then the selected column chunks per row group."""
+
+    name = "parquet"
+    extensions = (".parquet", ".parq")
+
+    async def plan(
+        self, file: FileRef, source: ByteSource, request: ReadRequest
+    ) -> list[ParquetUnit]:
+        tail, size = await source.read_tail(file, TAIL_READ_SIZE)
+        needed = footer_length(tail, size, file.url)
+        if needed > len(tail):
+            (head,) = await source.read_ranges(file, [(size - needed, size - len(tail))])
+            tail = head + tail
+        footer = parse_footer(tail, size, file.url)
+        plans = plan_row_groups(footer, request.columns, filter=request.filter)
+        return [
+            ParquetUnit(file, p.row_group, p.nbytes, p.num_rows, footer=footer, plan=p)
+            for p in plans
+        ]
+
+    async def fetch(self, unit: ParquetUnit, source: ByteSource) -> dict[tuple[int, int], bytes]:
+        assert unit.plan is not None
+        ranges = list(unit.plan.ranges)
+        if not ranges:
+            return {}
+        return dict(zip(ranges, await source.read_ranges(unit.file, ranges), strict=True))
+
+    def decode(
+        self, unit: ParquetUnit, fetched: dict[tuple[int, int], bytes], request: ReadRequest
+    ) -> pa.Table:
+        assert unit.footer is not None and unit.plan is not None
+        return decode_row_group(unit.footer, unit.plan, fetched, filter=request.filter)
