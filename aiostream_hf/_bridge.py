@@ -1,0 +1,216 @@
+"""The sync bridge: one background event-loop thread per process.
+
+    for row in ash.stream(...):      # sync iteration runs the async pipeline here
+        ...
+
+The thread starts on first use (and again in a forked child, which does not
+inherit threads), is shared by every stream of the process, and is a daemon,
+so the interpreter never waits for it at exit. Items cross to the consumer
+through a bounded memory object stream; the consumer takes whatever is ready
+in one call, so the thread hop is paid per batch of items, not per item.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import AsyncIterator, Callable, Iterator
+from concurrent.futures import CancelledError, Future
+from concurrent.futures import TimeoutError as FutureTimeoutError
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+import anyio
+from anyio.from_thread import BlockingPortal
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+
+from ._exceptions import ClosedResourceError
+
+__all__ = ["BridgeStatistics", "SyncIterator", "portal", "statistics"]
+
+T = TypeVar("T")
+
+
+class _Bridge:
+    """A BlockingPortal served by a daemon thread running an event loop."""
+
+    def __init__(self) -> None:
+        self.pid = os.getpid()
+        self._ready = threading.Event()
+        self._portal: BlockingPortal | None = None
+        self._error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, name="aiostream-hf-bridge", daemon=True)
+        self.thread.start()
+        self._ready.wait()
+        if self._error is not None:
+            raise RuntimeError("the aiostream-hf bridge thread failed to start") from self._error
+
+    def _run(self) -> None:
+        try:
+            anyio.run(self._serve)
+        except BaseException as exc:  # reported to the thread that started us
+            self._error = exc
+            self._ready.set()
+
+    async def _serve(self) -> None:
+        async with BlockingPortal() as portal:
+            self._portal = portal
+            self._ready.set()
+            await portal.sleep_until_stopped()
+
+    @property
+    def portal(self) -> BlockingPortal:
+        assert self._portal is not None
+        return self._portal
+
+
+_lock = threading.Lock()
+_bridge: _Bridge | None = None
+_starts = 0
+
+
+def portal() -> BlockingPortal:
+    """The process's bridge portal, started on first use and after fork."""
+    global _bridge, _starts
+    with _lock:
+        if _bridge is None or _bridge.pid != os.getpid() or not _bridge.thread.is_alive():
+            _bridge = _Bridge()
+            _starts += 1
+        return _bridge.portal
+
+
+@dataclass(frozen=True)
+class BridgeStatistics:
+    starts: int  # bridge threads started in this process (1 normally; +1 per fork)
+    alive: bool
+
+
+def statistics() -> BridgeStatistics:
+    with _lock:
+        alive = _bridge is not None and _bridge.pid == os.getpid() and _bridge.thread.is_alive()
+        return BridgeStatistics(_starts, alive)
+
+
+class _Failure:
+    __slots__ = ("error",)
+
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+
+_DONE = object()
+
+
+class SyncIterator(Generic[T]):
+    """Iterates an async iterator (made in the bridge thread) from sync code.
+
+    ``buffer`` bounds the items in flight between the two threads. ``close()``
+    (also on ``break`` through the generator that wraps it, and on
+    KeyboardInterrupt) cancels the producer and waits for its cleanup.
+    """
+
+    def __init__(
+        self,
+        make: Callable[[], AsyncIterator[T]],
+        *,
+        buffer: int = 256,
+        close_timeout: float = 30.0,
+    ) -> None:
+        self._portal = portal()
+        self._make = make
+        self._close_timeout = close_timeout
+        send, receive = self._portal.call(_make_stream, buffer)
+        self._receive: MemoryObjectReceiveStream[Any] = receive
+        self._ready: list[Any] = []
+        self._closed = False
+        self._future: Future[None] = self._portal.start_task_soon(self._produce, send)
+
+    async def _produce(self, send: MemoryObjectSendStream[Any]) -> None:
+        async with send:
+            try:
+                iterator = self._make()
+                try:
+                    async for item in iterator:
+                        await send.send(item)
+                finally:
+                    aclose = getattr(iterator, "aclose", None)
+                    if aclose is not None:
+                        with anyio.CancelScope(shield=True):
+                            await aclose()
+            except anyio.get_cancelled_exc_class():
+                raise
+            except Exception as exc:  # handed to the consumer thread, raised there
+                await send.send(_Failure(exc))
+                return
+            await send.send(_DONE)
+
+    def __iter__(self) -> Iterator[T]:
+        return self
+
+    def __next__(self) -> T:
+        if not self._ready:
+            if self._closed:
+                raise StopIteration
+            self._ready = self._portal.call(_receive_ready, self._receive)
+            self._ready.reverse()
+        item = self._ready.pop()
+        if item is _DONE:
+            self._finish()
+            raise StopIteration
+        if isinstance(item, _Failure):
+            self._finish()
+            raise item.error
+        return item  # type: ignore[no-any-return]
+
+    def _finish(self) -> None:
+        self._closed = True
+        self._ready.clear()
+        try:
+            self._future.result(timeout=self._close_timeout)
+        except CancelledError:
+            pass
+        self._portal.call(self._receive.aclose)
+
+    def close(self) -> None:
+        """Cancel the producer (if still running) and wait for its cleanup."""
+        if self._closed:
+            return
+        self._closed = True
+        self._ready.clear()
+        self._future.cancel()
+        try:
+            self._future.result(timeout=self._close_timeout)
+        except (CancelledError, FutureTimeoutError, anyio.BrokenResourceError):
+            pass  # cancelled as asked, or it raced us to a closed hand-off
+        try:
+            self._portal.call(self._receive.aclose)
+        except RuntimeError:  # the portal is gone (interpreter exit)
+            pass
+
+
+async def _make_stream(
+    buffer: int,
+) -> tuple[MemoryObjectSendStream[Any], MemoryObjectReceiveStream[Any]]:
+    return anyio.create_memory_object_stream[Any](buffer)
+
+
+async def _receive_ready(receive: MemoryObjectReceiveStream[Any]) -> list[Any]:
+    """The next item, and every item that is ready after it (at most the buffer)."""
+    try:
+        items = [await receive.receive()]
+    except anyio.EndOfStream:
+        return [_Failure(ClosedResourceError("the stream's producer ended without a result"))]
+    while True:
+        try:
+            items.append(receive.receive_nowait())
+        except (anyio.WouldBlock, anyio.EndOfStream):
+            return items
+
+
+def iterate(make: Callable[[], AsyncIterator[T]], *, buffer: int = 256) -> Iterator[T]:
+    """Sync iteration over ``make()``; leaving the loop early cancels the producer."""
+    it = SyncIterator(make, buffer=buffer)
+    try:
+        yield from it
+    finally:
+        it.close()

@@ -1,0 +1,1422 @@
+"""RangeFetcher: bounded-concurrency HTTP range reads with redirects, retries and checks.
+
+Every decoder reads bytes through one ``RangeFetcher`` per event loop::
+
+    async with RangeFetcher(options, token=token, endpoint=endpoint) as fetcher:
+        footer, size = await fetcher.read_tail(file, 64 * 1024)
+        chunks = await fetcher.read_ranges(file, [(0, 100), (4096, 8192)])
+        async with fetcher.iter_bytes(file) as blocks:
+            async for block in blocks:
+                ...
+
+How a read travels:
+
+- Resolution. The first read of a Hub file sends its range GET to the file's
+  ``/resolve/`` URL without following redirects. A 302 names a signed CDN URL:
+  it is cached (keyed by the file URL, until the ``expires=`` of its query) and
+  the range is sent there; a 200/206 means the Hub serves the file itself, and
+  that is cached too. Concurrent first reads of one file wait for the one
+  resolver request in flight (a dict of URL -> pending event, updated in plain
+  synchronous code). A CDN answer of 401/403/410 drops the cached URL and the
+  read re-resolves once.
+- Concurrency. An ``anyio.CapacityLimiter(max_concurrency)`` is held by every
+  request from send to the end of its body. ``read_ranges`` merges ranges
+  closer than ``coalesce_gap`` and splits requests over ``max_range_size``
+  into parts fetched concurrently.
+- Retries. 408, 429, 5xx and network errors (refused connections, timeouts,
+  bodies cut mid-way) are retried with jittered exponential backoff, up to
+  ``max_retries`` failures in a row without progress. ``Retry-After`` and
+  ``RateLimit: "<bucket>";r=<remaining>;t=<seconds>`` are honoured. A 429 (or
+  ``r=0``) pauses the whole host; when the pause ends one request goes first
+  and its ``RateLimit`` header says how many may follow. A body cut mid-way
+  resumes from the last byte received, with ``If-Range``.
+- Integrity. Every 206 must be the range asked for (``Content-Range`` and
+  length). A 200 to a range request is used (sliced) only when the whole file
+  is at most twice the bytes asked for. ``If-Match`` with the file's etag goes
+  with every read from a resolved URL, so a file that changed answers 412:
+  ``FileChangedError``, never a silent mix of two versions.
+- Tokens go to the Hub's host only, never to the CDN.
+- ``file://`` URLs are read from disk with ``os.pread`` in worker threads.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import re
+import time
+import urllib.parse
+import urllib.request
+from collections.abc import AsyncGenerator, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from email.utils import parsedate_to_datetime
+from types import TracebackType
+from typing import Protocol
+
+import anyio
+import anyio.to_thread
+import httpx2
+
+from .__version__ import __version__
+from ._exceptions import (
+    AiostreamError,
+    ClosedResourceError,
+    FetchError,
+    FileChangedError,
+    RangeMismatchError,
+    RetriesExhaustedError,
+    SourceError,
+)
+from ._options import StreamOptions
+from ._resolver import FileRef
+
+__all__ = ["ByteStream", "FetcherStatistics", "RangeFetcher", "coalesce_ranges"]
+
+REQUEST_KINDS = ("resolve", "range", "stream", "local")
+_REDIRECTS = frozenset({301, 302, 303, 307, 308})
+_RETRY_STATUSES = frozenset({408, 429})
+_CDN_DENIED = frozenset({401, 403, 410})
+_MAX_HOPS = 10
+# Re-resolve a cached CDN URL this many seconds before its ``expires=``.
+_EXPIRY_MARGIN_S = 1.0
+# The longest wait a server may ask for; the Hub's rate-limit windows are 5 minutes.
+_MAX_SERVER_DELAY_S = 300.0
+_RETRYABLE_ERRORS = (httpx2.TimeoutException, httpx2.NetworkError, httpx2.RemoteProtocolError)
+_CONTENT_RANGE = re.compile(r"^\s*bytes\s+(\d+)-(\d+)/(\d+|\*)\s*$", re.IGNORECASE)
+_UNSATISFIED_RANGE = re.compile(r"^\s*bytes\s+\*/(\d+)\s*$", re.IGNORECASE)
+_RATELIMIT_REMAINING = re.compile(r"(?:^|[;,\s])(?:r|remaining)=(\d+)")
+_RATELIMIT_RESET = re.compile(r"(?:^|[;,\s])(?:t|reset)=(\d+(?:\.\d+)?)")
+
+
+@dataclass(frozen=True)
+class FetcherStatistics:
+    """What a fetcher has done since it was created.
+
+    requests: requests sent, by kind: "resolve" (to a file's own URL, to learn
+        where it is served), "range" (range reads), "stream" (iter_bytes) and
+        "local" (reads of file:// URLs, in worker threads).
+    bytes_received: body bytes received (including bytes skipped or discarded).
+    retries: requests repeated after a retryable failure (resumes included).
+    throttled: 429 answers received.
+    resumes: reads resumed from the last byte received after a cut body.
+    re_resolutions: cached CDN URLs dropped (expired, or refused) and resolved again.
+    in_flight / max_in_flight: requests holding a concurrency slot now / at the peak.
+    """
+
+    requests: Mapping[str, int]
+    bytes_received: int
+    retries: int
+    throttled: int
+    resumes: int
+    re_resolutions: int
+    in_flight: int
+    max_in_flight: int
+
+    @property
+    def total_requests(self) -> int:
+        return sum(self.requests.values())
+
+
+def coalesce_ranges(
+    ranges: Sequence[tuple[int, int]], *, gap: int, max_size: int
+) -> list[tuple[int, int]]:
+    """The requests that cover ``ranges`` (start, end exclusive), sorted.
+
+    Ranges that overlap, touch, or lie less than ``gap`` bytes apart become
+    one request; a request longer than ``max_size`` is cut into parts of
+    ``max_size`` (the last one shorter). Parts that would hold only gap
+    bytes are left out. Empty ranges need no request.
+    """
+    if max_size <= 0:
+        raise ValueError(f"max_size={max_size!r}: must be > 0")
+    spans = sorted((s, e) for s, e in ranges if e > s)
+    merged: list[list[int]] = []
+    for s, e in spans:
+        if merged and (s <= merged[-1][1] or s - merged[-1][1] < gap):
+            merged[-1][1] = max(merged[-1][1], e)
+        else:
+            merged.append([s, e])
+    parts: list[tuple[int, int]] = []
+    i = 0  # first span that may still overlap the next part (spans are sorted by start)
+    for s, e in merged:
+        p = s
+        while p < e:
+            q = min(e, p + max_size)
+            while i < len(spans) and spans[i][1] <= p:
+                i += 1
+            if any(ss < q and se > p for ss, se in spans[i:] if ss < q):
+                parts.append((p, q))
+            p = q
+    return parts
+
+
+class RangeFetcher:
+    """The HTTP range reader every decoder uses: one client, bounded concurrency.
+
+    ``options`` sets concurrency, range sizes and retry patience. ``token`` is
+    sent as ``Authorization: Bearer`` to ``endpoint``'s host only (default:
+    huggingface_hub's endpoint, from ``HF_ENDPOINT``). ``transport`` replaces
+    the network (``httpx2.MockTransport`` in unit tests).
+
+    Create one per event loop and close it (``async with`` or ``aclose()``);
+    a closed fetcher raises ``ClosedResourceError``.
+    """
+
+    def __init__(
+        self,
+        options: StreamOptions | None = None,
+        *,
+        token: str | None = None,
+        endpoint: str | None = None,
+        transport: httpx2.AsyncBaseTransport | None = None,
+    ) -> None:
+        self.options = options if options is not None else StreamOptions()
+        if endpoint is None:
+            from huggingface_hub import constants
+
+            endpoint = constants.ENDPOINT
+        self._token = token
+        try:
+            self._hub_origin = _origin(endpoint)
+        except httpx2.InvalidURL as exc:
+            raise SourceError(f"endpoint={endpoint!r} is not a URL: {exc}") from exc
+        n = self.options.max_concurrency
+        self._client = httpx2.AsyncClient(
+            transport=transport,
+            follow_redirects=False,
+            timeout=httpx2.Timeout(self.options.timeout),
+            limits=httpx2.Limits(max_connections=n, max_keepalive_connections=n),
+            headers={"Accept-Encoding": "identity", "User-Agent": f"aiostream-hf/{__version__}"},
+        )
+        self._limiter = anyio.CapacityLimiter(n)
+        self._rng = random.Random()
+        self._closed = False
+        # Redirect cache and singleflight: file URL -> where it is served / the resolution running.
+        self._routes: dict[str, _Route] = {}
+        self._pending: dict[str, _Pending] = {}
+        # Per-host pause and rate-limit budget (host key "name:port"); only hosts that limited us.
+        self._hosts: dict[str, _HostGate] = {}
+        # Transfers holding an open response, closed by aclose().
+        self._open_transfers: set[_Transfer] = set()
+        self._requests = dict.fromkeys(REQUEST_KINDS, 0)
+        self._bytes_received = 0
+        self._retries = 0
+        self._throttled = 0
+        self._resumes = 0
+        self._re_resolutions = 0
+        self._in_flight = 0
+        self._max_in_flight = 0
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    async def __aenter__(self) -> RangeFetcher:
+        self._check_open()
+        return self
+
+    async def __aexit__(
+        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Close open streams and the HTTP client (shielded from cancellation)."""
+        if self._closed:
+            return
+        self._closed = True
+        with anyio.CancelScope(shield=True):
+            try:
+                for transfer in list(self._open_transfers):
+                    await transfer.aclose()
+            finally:
+                await self._client.aclose()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ClosedResourceError(
+                "this RangeFetcher is closed: create a new one (one per event loop)"
+            )
+
+    # -- public reads ----------------------------------------------------------------------
+
+    async def read(self, file: FileRef, start: int, end: int) -> bytes:
+        """The bytes ``start`` to ``end`` (exclusive) of ``file``: exactly those, or an error."""
+        return (await self.read_ranges(file, [(start, end)]))[0]
+
+    async def read_ranges(self, file: FileRef, ranges: Sequence[tuple[int, int]]) -> list[bytes]:
+        """One bytes per (start, end exclusive) range, in the order given.
+
+        Ranges closer than ``options.coalesce_gap`` share a request; requests
+        over ``options.max_range_size`` are split; all are fetched concurrently.
+        """
+        self._check_open()
+        spans = [_check_range(file, s, e) for s, e in ranges]
+        if not spans:
+            return []
+        path = _local_path(file.url)
+        if path is not None:
+            return await self._read_local(file, path, spans)
+        parts = coalesce_ranges(
+            spans, gap=self.options.coalesce_gap, max_size=self.options.max_range_size
+        )
+        data = await self._fetch_parts(file, parts)
+        return _assemble(spans, parts, data)
+
+    async def read_tail(self, file: FileRef, n: int) -> tuple[bytes, int]:
+        """The last ``n`` bytes of ``file`` (all of it if shorter) and its total size.
+
+        With ``file.size`` known this is a plain range read; otherwise one
+        suffix request (``Range: bytes=-n``) whose ``Content-Range`` gives the size.
+        """
+        self._check_open()
+        if n < 1:
+            raise ValueError(f"read_tail(n={n!r}) of {file.url}: n must be >= 1")
+        path = _local_path(file.url)
+        if path is not None:
+            self._requests["local"] += 1
+            data, size = await anyio.to_thread.run_sync(
+                _pread_tail, file, path, n, limiter=self._limiter
+            )
+            self._bytes_received += len(data)
+            return data, size
+        if file.size is not None:
+            start = max(0, file.size - n)
+            return await self.read(file, start, file.size), file.size
+        transfer = _Transfer(self, file, start=None, end=None, suffix=n, kind="range")
+        data = await transfer.collect()
+        assert transfer.total is not None  # known once a suffix read succeeded
+        return data, transfer.total
+
+    def iter_bytes(
+        self,
+        file: FileRef,
+        start: int = 0,
+        end: int | None = None,
+        *,
+        block_size: int | None = None,
+    ) -> ByteStream:
+        """Blocks of ``file`` from ``start`` to ``end`` (default: its end), in order.
+
+        One long GET; a body cut mid-way resumes from the last byte received
+        (counted as a retry), so the blocks are one seamless byte stream. At
+        most one block (``block_size``, default ``options.block_size``) is held.
+        Use ``async with`` (or ``aclose()``) to release the request if you stop early.
+        """
+        self._check_open()
+        size = file.size
+        if end is None and size is not None:
+            end = size
+        if start < 0 or (end is not None and end < start):
+            raise ValueError(f"iter_bytes({start}, {end}) of {file.url}: need 0 <= start <= end")
+        if size is not None and end is not None and end > size:
+            raise ValueError(f"iter_bytes({start}, {end}) of {file.url}: the file has {size} bytes")
+        block = self.options.block_size if block_size is None else block_size
+        if block < 1:
+            raise ValueError(f"iter_bytes(block_size={block!r}): must be >= 1")
+        path = _local_path(file.url)
+        source: _Chunks
+        if path is not None:
+            source = _LocalTransfer(self, file, path, start, end, block)
+        else:
+            source = _Transfer(self, file, start=start, end=end, kind="stream", chunk_size=block)
+        return ByteStream(source)
+
+    def statistics(self) -> FetcherStatistics:
+        return FetcherStatistics(
+            requests=dict(self._requests),  # a copy: dataclasses.asdict() works on it
+            bytes_received=self._bytes_received,
+            retries=self._retries,
+            throttled=self._throttled,
+            resumes=self._resumes,
+            re_resolutions=self._re_resolutions,
+            in_flight=self._in_flight,
+            max_in_flight=self._max_in_flight,
+        )
+
+    # -- range reads -----------------------------------------------------------------------
+
+    async def _fetch_parts(self, file: FileRef, parts: list[tuple[int, int]]) -> list[bytes]:
+        results = [b""] * len(parts)
+        if len(parts) == 1:
+            s, e = parts[0]
+            results[0] = await self._read_span(file, s, e)
+            return results
+        failures: list[AiostreamError] = []
+
+        async def fetch(i: int, s: int, e: int) -> None:
+            try:
+                results[i] = await self._read_span(file, s, e)
+            except AiostreamError as exc:
+                failures.append(exc)
+                tg.cancel_scope.cancel()  # the other parts are no use now
+
+        async with anyio.create_task_group() as tg:
+            for i, (s, e) in enumerate(parts):
+                tg.start_soon(fetch, i, s, e)
+        if failures:
+            raise failures[0]
+        return results
+
+    async def _read_span(self, file: FileRef, start: int, end: int) -> bytes:
+        transfer = _Transfer(self, file, start=start, end=end, kind="range")
+        data = await transfer.collect()
+        if len(data) != end - start:  # the transfer checks as it goes; this is the contract
+            raise RangeMismatchError(
+                f"{file.url}: asked for bytes {start}-{end - 1}, got {len(data)} bytes",
+                url=file.url,
+            )
+        return data
+
+    async def _read_local(
+        self, file: FileRef, path: str, spans: list[tuple[int, int]]
+    ) -> list[bytes]:
+        self._requests["local"] += 1
+        data = await anyio.to_thread.run_sync(
+            _pread_ranges, file, path, spans, limiter=self._limiter
+        )
+        self._bytes_received += sum(len(d) for d in data)
+        return data
+
+    # -- redirect cache and singleflight (plain synchronous state) -------------------------
+
+    async def _route(self, transfer: _Transfer) -> _Route | None:
+        """Where to send ``transfer``'s next request; None: to the file's own URL (resolve)."""
+        while True:
+            found = self._route_nowait(transfer)
+            if not isinstance(found, _Pending):
+                return found
+            await found.done.wait()
+            if found.error is not None:
+                raise _copy_error(found.error) from found.error
+
+    def _route_nowait(self, transfer: _Transfer) -> _Route | _Pending | None:
+        if transfer.leader:
+            return None
+        key = transfer.file.url
+        route = self._routes.get(key)
+        if route is not None:
+            # A route this transfer just learned is used at least once, expired or not:
+            # the server decides, and 401/403/410 re-resolves.
+            if route is transfer.own_route or not route.expired(time.time()):
+                return route
+            del self._routes[key]
+            self._re_resolutions += 1
+        pending = self._pending.get(key)
+        if pending is not None:
+            return pending
+        self._pending[key] = _Pending()
+        transfer.leader = True
+        return None
+
+    def _set_route(self, transfer: _Transfer, route: _Route) -> None:
+        self._routes[transfer.file.url] = route
+        transfer.own_route = route
+        if transfer.leader:
+            transfer.leader = False
+            pending = self._pending.pop(transfer.file.url, None)
+            if pending is not None:
+                pending.done.set()
+
+    def _invalidate(self, transfer: _Transfer, route: _Route) -> None:
+        key = transfer.file.url
+        if self._routes.get(key) is route:  # not a newer route another read already learned
+            del self._routes[key]
+            self._re_resolutions += 1
+        transfer.own_route = None
+
+    def _resolution_ended(self, transfer: _Transfer, error: FetchError | None) -> None:
+        """The leader failed (error) or went away (None: a waiting read takes over)."""
+        if not transfer.leader:
+            return
+        transfer.leader = False
+        pending = self._pending.pop(transfer.file.url, None)
+        if pending is not None:
+            pending.error = error
+            pending.done.set()
+
+    # -- concurrency slots, host pauses and rate-limit budgets -----------------------------
+
+    async def _acquire(self, host: str, owner: _Transfer) -> None:
+        """Wait until ``host`` may be sent a request, then take a concurrency slot."""
+        try:
+            while True:
+                wait = self._host_gate_nowait(host, owner)
+                if isinstance(wait, float):
+                    await anyio.sleep_until(wait)
+                    continue
+                if wait is not None:
+                    await wait.wait()
+                    continue
+                await self._limiter.acquire_on_behalf_of(owner)
+                if self._host_blocked(host, owner):  # paused while we waited for the slot
+                    self._limiter.release_on_behalf_of(owner)
+                    continue
+                break
+        except BaseException:
+            self._end_probe(host, owner, answered=False)
+            raise
+        self._in_flight += 1
+        self._max_in_flight = max(self._max_in_flight, self._in_flight)
+
+    def _release_slot(self, host: str, owner: _Transfer) -> None:
+        self._in_flight -= 1
+        self._limiter.release_on_behalf_of(owner)
+        self._end_probe(host, owner, answered=False)
+
+    def _host_gate_nowait(self, host: str, owner: _Transfer) -> float | anyio.Event | None:
+        """None: go. A float: sleep until that time. An Event: wait for the probe's answer."""
+        gate = self._hosts.get(host)
+        if gate is None:
+            return None
+        now = anyio.current_time()
+        if gate.paused_until > now:
+            return gate.paused_until
+        if gate.prober is not None:
+            return None if gate.prober is owner else gate.probe_done
+        if gate.probe_needed:
+            # After a pause one request goes first; its RateLimit header says how many may follow.
+            gate.probe_needed = False
+            gate.prober = owner
+            gate.probe_done = anyio.Event()
+            return None
+        if gate.budget is not None:
+            if now >= gate.budget_until:
+                gate.budget = None
+            elif gate.budget <= 0:
+                gate.pause(gate.budget_until)
+                return gate.budget_until
+            else:
+                gate.budget -= 1
+        return None
+
+    def _host_blocked(self, host: str, owner: _Transfer) -> bool:
+        gate = self._hosts.get(host)
+        if gate is None:
+            return False
+        if gate.paused_until > anyio.current_time():
+            return True
+        return gate.prober is not None and gate.prober is not owner
+
+    def _end_probe(self, host: str, owner: _Transfer, *, answered: bool) -> None:
+        gate = self._hosts.get(host)
+        if gate is None or gate.prober is not owner:
+            return
+        gate.prober = None
+        if not answered:
+            gate.probe_needed = True  # nothing learned: the next request probes again
+        if gate.probe_done is not None:
+            gate.probe_done.set()
+            gate.probe_done = None
+
+    def _note_response(self, host: str, owner: _Transfer, response: httpx2.Response) -> None:
+        """Learn the host's rate-limit state from an answer's headers; pause it on 429."""
+        status = response.status_code
+        limit = _ratelimit(response.headers.get("RateLimit"))
+        if limit is None and status != 429 and host not in self._hosts:
+            return
+        gate = self._hosts.setdefault(host, _HostGate())
+        now = anyio.current_time()
+        if limit is not None:
+            remaining, reset = limit
+            gate.budget, gate.budget_until = remaining, now + reset
+            if remaining <= 0:
+                gate.pause(now + min(reset, _MAX_SERVER_DELAY_S))
+        if status == 429:
+            self._throttled += 1
+            delay = _retry_after(response.headers.get("Retry-After"))
+            if delay is None and limit is not None:
+                delay = limit[1]
+            if delay is None:
+                delay = self._backoff(owner.failures + 1)
+            gate.pause(now + min(delay, max(_MAX_SERVER_DELAY_S, self.options.backoff_max)))
+        self._end_probe(host, owner, answered=True)
+
+    def _backoff(self, failures: int) -> float:
+        """Jittered exponential backoff: between half and all of base * 2**(n-1), capped."""
+        o = self.options
+        cap = min(o.backoff_max, o.backoff_base * 2.0 ** min(failures - 1, 62))
+        return cap * (0.5 + 0.5 * self._rng.random())
+
+    # -- requests --------------------------------------------------------------------------
+
+    def _headers(self, transfer: _Transfer, url: str, *, resolving: bool) -> dict[str, str]:
+        headers = {"Range": transfer.range_header()}
+        etag = transfer.file.etag
+        if etag and not resolving:
+            headers["If-Match"] = f'"{_normalize_etag(etag)}"'
+        if transfer.validator is not None:
+            headers["If-Range"] = transfer.validator
+        if self._token and _origin(url) == self._hub_origin:
+            headers["Authorization"] = f"Bearer {self._token}"
+        return headers
+
+    def _is_hub(self, url: str) -> bool:
+        return _origin(url) == self._hub_origin
+
+
+# -- transfers ------------------------------------------------------------------------------
+
+
+class _Chunks(Protocol):
+    async def next_chunk(self) -> bytes | None: ...
+
+    async def aclose(self) -> None: ...
+
+
+class ByteStream:
+    """An async iterator of blocks of one file (see ``RangeFetcher.iter_bytes``)."""
+
+    def __init__(self, source: _Chunks) -> None:
+        self._source = source
+        self._done = False
+
+    def __aiter__(self) -> ByteStream:
+        return self
+
+    async def __anext__(self) -> bytes:
+        if self._done:
+            raise StopAsyncIteration
+        chunk = await self._source.next_chunk()
+        if chunk is None:
+            await self.aclose()
+            raise StopAsyncIteration
+        return chunk
+
+    async def aclose(self) -> None:
+        self._done = True
+        await self._source.aclose()
+
+    async def __aenter__(self) -> ByteStream:
+        return self
+
+    async def __aexit__(
+        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.aclose()
+
+
+@dataclass(frozen=True)
+class _Route:
+    """Where a file's bytes are read: its own URL (direct) or the URL it redirected to."""
+
+    url: str
+    direct: bool
+    reuse_until: float | None = None  # wall-clock seconds (see _reuse_until)
+
+    def expired(self, now: float) -> bool:
+        return self.reuse_until is not None and now >= self.reuse_until
+
+
+class _Pending:
+    """A resolution in flight: readers of the same file wait for ``done``."""
+
+    __slots__ = ("done", "error")
+
+    def __init__(self) -> None:
+        self.done = anyio.Event()
+        self.error: FetchError | None = None
+
+
+class _HostGate:
+    """A host that rate-limited us: paused until a time, then probed, then budgeted."""
+
+    __slots__ = ("budget", "budget_until", "paused_until", "probe_done", "probe_needed", "prober")
+
+    def __init__(self) -> None:
+        self.paused_until = float("-inf")  # anyio.current_time() deadline
+        self.probe_needed = False
+        self.prober: _Transfer | None = None
+        self.probe_done: anyio.Event | None = None
+        self.budget: int | None = None  # requests left in the window (RateLimit r=)
+        self.budget_until = float("-inf")
+
+    def pause(self, until: float) -> None:
+        self.paused_until = max(self.paused_until, until)
+        self.probe_needed = True
+        self.budget = None
+
+
+@dataclass(frozen=True)
+class _Retry:
+    status: int | None
+    delay: float | None  # the server's Retry-After, if any
+    error: BaseException | None = None
+    sleep: bool = True  # False for 429: the host pause is the wait
+
+
+class _Signal:
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+
+_FOLLOW = _Signal("follow")  # the answer named a new URL: send the request there
+_RERESOLVE = _Signal("reresolve")  # the cached URL was refused: resolve again
+_AT_EOF = _Signal("eof")  # 416 for a read to the end that starts at the end
+
+_Outcome = _Retry | _Signal | None
+
+
+class _Transfer:
+    """One contiguous span of one file, read over as many responses as it takes.
+
+    ``pos`` is the next byte wanted (None for a suffix read until the first
+    answer), ``end`` the end (exclusive; None until known for reads to EOF).
+    Holds a concurrency slot only while a response is open.
+    """
+
+    def __init__(
+        self,
+        fetcher: RangeFetcher,
+        file: FileRef,
+        *,
+        start: int | None,
+        end: int | None,
+        kind: str,
+        suffix: int | None = None,
+        chunk_size: int | None = None,
+    ) -> None:
+        self.fetcher = fetcher
+        self.file = file
+        self.pos = start
+        self.end = end
+        self.suffix = suffix
+        self.kind = kind
+        self.chunk_size = chunk_size
+        self.total = file.size
+        self.validator: str | None = None  # the strong ETag of the first answer, for If-Range
+        self.failures = 0  # in a row, without progress
+        self.last_status: int | None = None
+        self.last_url = file.url
+        self.leader = False
+        self.own_route: _Route | None = None
+        self.reresolved = False
+        self.skip = 0  # bytes of a 200 answer before the ones wanted
+        self.exact = True  # a 206 body ends exactly at ``end``; a 200 body goes on
+        self.response: httpx2.Response | None = None
+        self.chunks: AsyncGenerator[bytes, None] | None = None
+        self.buffer = bytearray()  # the block being filled (iter_bytes)
+        self.slot_host: str | None = None
+        self.opened_at: int | None = None
+
+    # -- reading ---------------------------------------------------------------------------
+
+    async def collect(self) -> bytes:
+        buf = bytearray()
+        try:
+            while (chunk := await self.next_chunk()) is not None:
+                buf += chunk
+        finally:
+            await self.aclose()
+        return bytes(buf)
+
+    async def next_chunk(self) -> bytes | None:
+        """The next block (``chunk_size`` bytes, the last one shorter), None at the end.
+
+        Without a ``chunk_size``, the pieces as they arrive. Bytes received
+        before a cut stay in the block being filled, so a resume asks only
+        for the bytes after them.
+        """
+        self.fetcher._check_open()
+        try:
+            if self.chunk_size is None:
+                return await self._next_piece()
+            while len(self.buffer) < self.chunk_size:
+                piece = await self._next_piece()
+                if piece is None:
+                    break
+                self.buffer += piece
+            if not self.buffer:
+                return None
+            block = bytes(self.buffer[: self.chunk_size])
+            del self.buffer[: self.chunk_size]
+            return block
+        except BaseException:
+            await self.aclose()
+            raise
+
+    async def _next_piece(self) -> bytes | None:
+        while True:
+            if (
+                self.pos is not None
+                and self.end is not None
+                and self.pos >= self.end
+                and (self.response is None or not self.exact)
+            ):
+                await self.aclose()
+                return None
+            if self.chunks is None:
+                if await self._open() is _AT_EOF:
+                    return None
+                continue
+            try:
+                chunk = await self.chunks.__anext__()
+            except StopAsyncIteration:
+                await self.aclose()
+                assert self.pos is not None
+                if self.end is None:  # read to EOF of a body of unknown length
+                    self.end = self.pos
+                    if self.total is None:
+                        self.total = self.pos
+                    return None
+                if self.pos < self.end:
+                    await self._body_failed(None)
+                    continue
+                return None
+            except _RETRYABLE_ERRORS as exc:
+                await self.aclose()
+                await self._body_failed(exc)
+                continue
+            except httpx2.StreamError as exc:  # closed under us: by RangeFetcher.aclose()
+                self.fetcher._check_open()
+                raise FetchError(f"{self.file.url}: {exc}", url=self.file.url) from exc
+            if not chunk:
+                continue
+            self.fetcher._bytes_received += len(chunk)
+            if self.skip:
+                if len(chunk) <= self.skip:
+                    self.skip -= len(chunk)
+                    continue
+                chunk = chunk[self.skip :]
+                self.skip = 0
+            assert self.pos is not None
+            if self.end is not None and self.pos + len(chunk) > self.end:
+                if self.exact:
+                    raise RangeMismatchError(
+                        f"{self.file.url}: the answer for bytes up to {self.end - 1} "
+                        f"ran past them (server: {_display(self.last_url)})",
+                        url=self.file.url,
+                    )
+                chunk = chunk[: self.end - self.pos]
+            self.pos += len(chunk)
+            self.failures = 0  # progress: failures count again from zero
+            self.reresolved = False
+            return chunk
+
+    async def _body_failed(self, exc: BaseException | None) -> None:
+        """A body ended early or broke: resume from ``pos`` (a retry), or give up."""
+        if self.opened_at is not None and self.pos is not None and self.pos > self.opened_at:
+            self.fetcher._resumes += 1
+        await self._failed(_Retry(None, None, exc))
+
+    async def _failed(self, retry: _Retry) -> None:
+        self.failures += 1
+        if retry.status is not None:
+            self.last_status = retry.status
+        if self.failures > self.fetcher.options.max_retries:
+            if retry.status is not None:
+                what = f"HTTP {retry.status}"
+            elif retry.error is not None:
+                what = f"{type(retry.error).__name__}: {retry.error}"
+                if self.last_status is not None:
+                    what += f" (last HTTP status {self.last_status})"
+            else:
+                what = "the body ended early"
+            raise RetriesExhaustedError(
+                f"{self.file.url}: gave up after {self.failures} attempts; "
+                f"last: {what} from {_display(self.last_url)}",
+                url=self.file.url,
+                status=self.last_status,
+                attempts=self.failures,
+            ) from retry.error
+        self.fetcher._retries += 1
+        if retry.sleep:
+            delay = retry.delay if retry.delay is not None else self.fetcher._backoff(self.failures)
+            delay = min(delay, max(_MAX_SERVER_DELAY_S, self.fetcher.options.backoff_max))
+            if delay > 0:
+                await anyio.sleep(delay)
+
+    def range_header(self) -> str:
+        if self.pos is None:
+            return f"bytes=-{self.suffix}"
+        if self.end is None:
+            return f"bytes={self.pos}-"
+        return f"bytes={self.pos}-{self.end - 1}"
+
+    # -- opening a response ----------------------------------------------------------------
+
+    async def _open(self) -> _Signal | None:
+        try:
+            return await self._open_response()
+        except FetchError as exc:
+            self.fetcher._resolution_ended(self, exc)  # readers waiting on us get it too
+            raise
+        finally:
+            self.fetcher._resolution_ended(self, None)  # cancelled: a waiting read takes over
+
+    async def _open_response(self) -> _Signal | None:
+        f = self.fetcher
+        hops = 0
+        while True:
+            f._check_open()
+            route = await f._route(self)
+            f._check_open()  # closed while we waited for another read's resolution
+            url = self.file.url if route is None else route.url
+            host = _host_key(url, self.file)
+            headers = f._headers(self, url, resolving=route is None)
+            await f._acquire(host, self)
+            self.slot_host = host
+            self.last_url = url
+            response: httpx2.Response | None = None
+            outcome: _Outcome
+            try:
+                f._check_open()  # closed while we waited for a slot
+                f._requests["resolve" if route is None else self.kind] += 1
+                try:
+                    request = f._client.build_request("GET", url, headers=headers)
+                    response = await f._client.send(request, stream=True)
+                except _RETRYABLE_ERRORS as exc:
+                    outcome = _Retry(None, None, exc)
+                except httpx2.HTTPError as exc:
+                    raise FetchError(
+                        f"{self.file.url}: cannot request {_display(url)}: {exc}",
+                        url=self.file.url,
+                    ) from exc
+                else:
+                    f._note_response(host, self, response)
+                    outcome = self._accept(response, route, url)
+            except BaseException:
+                await self._drop(response)
+                raise
+            if outcome is None:
+                assert response is not None
+                self.response = response
+                self.chunks = response.aiter_bytes()  # identity-encoded: the bytes as sent
+                self.opened_at = self.pos
+                f._open_transfers.add(self)
+                return None
+            await self._drop(response)
+            if isinstance(outcome, _Retry):
+                await self._failed(outcome)
+            elif outcome is _FOLLOW:
+                hops += 1
+                if hops > _MAX_HOPS:
+                    raise FetchError(
+                        f"{self.file.url}: more than {_MAX_HOPS} redirects", url=self.file.url
+                    )
+            elif outcome is _AT_EOF:
+                return _AT_EOF
+            # _RERESOLVE: the next turn resolves again
+
+    def _accept(self, response: httpx2.Response, route: _Route | None, url: str) -> _Outcome:
+        """Judge an answer (headers only): None if its body is the bytes wanted."""
+        f = self.fetcher
+        file = self.file
+        status = response.status_code
+        headers = response.headers
+        if status in _REDIRECTS:
+            location = headers.get("Location")
+            if not location:
+                raise FetchError(
+                    f"{file.url}: HTTP {status} without a Location from {_display(url)}",
+                    url=file.url,
+                    status=status,
+                )
+            if route is None or f._is_hub(url):
+                self._check_linked(headers)
+            target = str(response.url.join(location))
+            f._set_route(self, _Route(target, direct=False, reuse_until=_reuse_until(target)))
+            return _FOLLOW
+        if status in (200, 206):
+            direct = route is None or route.direct
+            if route is None:
+                f._set_route(self, _Route(file.url, direct=True))
+            etag = headers.get("ETag")
+            if (
+                etag
+                and direct
+                and file.etag
+                and _normalize_etag(etag) != _normalize_etag(file.etag)
+            ):
+                raise self._changed(f"it is now served with etag {etag}")
+            if etag and self.validator and _normalize_etag(etag) != _normalize_etag(self.validator):
+                raise self._changed(f"its etag went from {self.validator} to {etag}")
+            encoding = headers.get("Content-Encoding", "identity").strip().lower()
+            if encoding not in ("", "identity"):
+                raise RangeMismatchError(
+                    f"{file.url}: {_display(url)} sent a {encoding}-encoded body "
+                    "to a range request (asked for identity)",
+                    url=file.url,
+                    status=status,
+                )
+            if status == 206:
+                self._accept_partial(headers, url)
+            else:
+                self._accept_whole(headers, url)
+            if self.validator is None and etag and not etag.startswith("W/"):
+                self.validator = etag
+            return None
+        if status == 412:
+            raise self._changed(f"{_display(url)} answered 412 to If-Match", status=412)
+        if status in _CDN_DENIED and route is not None and not route.direct:
+            if not self.reresolved:
+                self.reresolved = True
+                f._invalidate(self, route)
+                return _RERESOLVE
+            raise FetchError(
+                f"{file.url}: HTTP {status} from {_display(url)} even after resolving the "
+                "file again (the signed URL is refused)",
+                url=file.url,
+                status=status,
+            )
+        if status in _RETRY_STATUSES or 500 <= status <= 599:
+            delay = _retry_after(headers.get("Retry-After"))
+            return _Retry(status, delay, sleep=status != 429)
+        if status == 416:
+            m = _UNSATISFIED_RANGE.match(headers.get("Content-Range", ""))
+            if m is not None and self.end is None and self.pos == int(m.group(1)):
+                self.end = self.total = self.pos  # a read to the end, from the end
+                return _AT_EOF
+            size = f"the file has {m.group(1)} bytes" if m else "no size given"
+            raise FetchError(
+                f"{file.url}: range {self.range_header()} not satisfiable ({size})",
+                url=file.url,
+                status=416,
+            )
+        raise self._http_error(status, headers, url, route)
+
+    def _accept_partial(self, headers: httpx2.Headers, url: str) -> None:
+        file = self.file
+        m = _CONTENT_RANGE.match(headers.get("Content-Range", ""))
+        if m is None:
+            raise RangeMismatchError(
+                f"{file.url}: 206 without a valid Content-Range "
+                f"({headers.get('Content-Range')!r}) from {_display(url)}",
+                url=file.url,
+                status=206,
+            )
+        first, last = int(m.group(1)), int(m.group(2))
+        total = None if m.group(3) == "*" else int(m.group(3))
+        if total is not None:
+            if self.total is not None and total != self.total:
+                raise RangeMismatchError(
+                    f"{file.url}: Content-Range says the file has {total} bytes, "
+                    f"expected {self.total} (from {_display(url)})",
+                    url=file.url,
+                    status=206,
+                )
+            self.total = total
+        if self.pos is None:  # a suffix read: the size comes with the answer
+            if total is None:
+                raise RangeMismatchError(
+                    f"{file.url}: the answer to {self.range_header()} gave no total size",
+                    url=file.url,
+                    status=206,
+                )
+            assert self.suffix is not None
+            self.pos, self.end = max(0, total - self.suffix), total
+        elif self.end is None:  # a read to the end
+            if total is not None:
+                self.end = total
+            elif first == self.pos:
+                self.end = last + 1
+        expected = (self.pos, self.end)
+        if (first, last + 1) != expected:
+            raise RangeMismatchError(
+                f"{file.url}: asked for bytes {self.pos}-{(self.end or 0) - 1}, "
+                f"got {first}-{last} from {_display(url)}",
+                url=file.url,
+                status=206,
+            )
+        length = _content_length(headers)
+        if length is not None and length != last + 1 - first:
+            raise RangeMismatchError(
+                f"{file.url}: Content-Range {first}-{last} with Content-Length {length} "
+                f"from {_display(url)}",
+                url=file.url,
+                status=206,
+            )
+        self.skip, self.exact = 0, True
+
+    def _accept_whole(self, headers: httpx2.Headers, url: str) -> None:
+        """A 200 to a range request: the whole file. Use it if it is not much more than asked."""
+        file = self.file
+        length = _content_length(headers)
+        if length is not None:
+            if self.total is not None and length != self.total:
+                raise RangeMismatchError(
+                    f"{file.url}: {_display(url)} sent the whole file ({length} bytes) "
+                    f"but it has {self.total}",
+                    url=file.url,
+                    status=200,
+                )
+            self.total = length
+        total = self.total
+        if self.pos is None:
+            if total is None:
+                raise RangeMismatchError(
+                    f"{file.url}: {_display(url)} ignored {self.range_header()} and gave no size",
+                    url=file.url,
+                    status=200,
+                )
+            assert self.suffix is not None
+            self.pos, self.end = max(0, total - self.suffix), total
+        if self.end is None and total is not None:
+            self.end = total
+        if total is None:
+            if self.pos != 0:
+                raise RangeMismatchError(
+                    f"{file.url}: {_display(url)} ignored {self.range_header()} "
+                    "(answered 200 of unknown length)",
+                    url=file.url,
+                    status=200,
+                )
+        else:
+            assert self.end is not None
+            wanted = self.end - self.pos
+            if total > 2 * wanted:
+                raise RangeMismatchError(
+                    f"{file.url}: {_display(url)} ignored {self.range_header()} and answered "
+                    f"200 with the whole file ({total} bytes for {wanted} asked): "
+                    "not downloading it",
+                    url=file.url,
+                    status=200,
+                )
+        self.skip, self.exact = self.pos, False
+
+    def _check_linked(self, headers: httpx2.Headers) -> None:
+        file = self.file
+        linked = headers.get("X-Linked-Etag") or headers.get("ETag")
+        if linked and file.etag and _normalize_etag(linked) != _normalize_etag(file.etag):
+            raise self._changed(f"the Hub now links it to etag {linked}")
+        size = headers.get("X-Linked-Size")
+        if size and size.isdigit() and file.size is not None and int(size) != file.size:
+            raise self._changed(f"the Hub now says it has {size} bytes, not {file.size}")
+
+    def _changed(self, why: str, status: int | None = None) -> FileChangedError:
+        expected = f" (expected etag {self.file.etag})" if self.file.etag else ""
+        return FileChangedError(
+            f"{self.file.path}: the file changed while it was read{expected}: {why}; "
+            f"resolve the source again ({self.file.url})",
+            url=self.file.url,
+            status=status,
+            attempts=self.failures + 1,
+        )
+
+    def _http_error(
+        self, status: int, headers: httpx2.Headers, url: str, route: _Route | None
+    ) -> FetchError:
+        file = self.file
+        code = headers.get("X-Error-Code")
+        detail = headers.get("X-Error-Message")
+        note = f" ({': '.join(x for x in (code, detail) if x)})" if code or detail else ""
+        where = file.url if url == file.url else f"{file.url} (served by {_display(url)})"
+        if status == 404 and route is not None and route.direct:
+            return self._changed(f"{where} answered 404{note}: it was removed", status=404)
+        if status == 404:
+            message = f"{file.path}: not found: HTTP 404 from {where}{note}"
+        elif status in (401, 403) and self.fetcher._is_hub(url):
+            fix = (
+                "the token given cannot read it: request access to the repo or use another token"
+                if self.fetcher._token
+                else "pass a token (token=... or `hf auth login`) that can read the repo"
+            )
+            message = f"{file.path}: HTTP {status} from {where}{note}: {fix}"
+        elif status in (401, 403) and url == file.url and self.fetcher._token:
+            hub = "://".join(self.fetcher._hub_origin[:2])
+            message = (
+                f"{file.path}: HTTP {status} from {where}{note}: the token is sent only to "
+                f"the Hub endpoint {hub}; pass endpoint= if this file's Hub is another one"
+            )
+        else:
+            message = f"{file.path}: HTTP {status} from {where}{note}"
+        return FetchError(message, url=file.url, status=status, attempts=self.failures + 1)
+
+    async def _drop(self, response: httpx2.Response | None) -> None:
+        """Close a response that is not used and give back the slot (shielded)."""
+        with anyio.CancelScope(shield=True):
+            try:
+                if response is not None:
+                    with contextlib.suppress(httpx2.HTTPError):
+                        await response.aclose()
+            finally:
+                self._release()
+
+    def _release(self) -> None:
+        if self.slot_host is not None:
+            host, self.slot_host = self.slot_host, None
+            self.fetcher._release_slot(host, self)
+
+    async def aclose(self) -> None:
+        """Close the open response, if any, and give back its slot (shielded)."""
+        chunks, response = self.chunks, self.response
+        self.chunks = self.response = None
+        self.fetcher._open_transfers.discard(self)
+        with anyio.CancelScope(shield=True):
+            try:
+                with contextlib.suppress(httpx2.HTTPError, httpx2.StreamError):
+                    if chunks is not None:
+                        await chunks.aclose()
+                    if response is not None:
+                        await response.aclose()
+            finally:
+                self._release()
+
+
+class _LocalTransfer:
+    """Blocks of a local file, each read with os.pread in a worker thread."""
+
+    def __init__(
+        self,
+        fetcher: RangeFetcher,
+        file: FileRef,
+        path: str,
+        start: int,
+        end: int | None,
+        block: int,
+    ) -> None:
+        self.fetcher = fetcher
+        self.file = file
+        self.path = path
+        self.pos = start
+        self.end = end
+        self.block = block
+
+    async def next_chunk(self) -> bytes | None:
+        f = self.fetcher
+        f._check_open()
+        if self.end is not None and self.pos >= self.end:
+            return None
+        f._requests["local"] += 1
+        stop = None if self.end is None else min(self.end, self.pos + self.block)
+        data, size = await anyio.to_thread.run_sync(
+            _pread_block, self.file, self.path, self.pos, stop, self.block, limiter=f._limiter
+        )
+        if self.end is None:
+            self.end = size
+        if not data:
+            return None
+        f._bytes_received += len(data)
+        self.pos += len(data)
+        return data
+
+    async def aclose(self) -> None:
+        self.end = self.pos
+
+
+# -- local files (run in worker threads) ----------------------------------------------------
+
+
+def _local_path(url: str) -> str | None:
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme != "file":
+        return None
+    if parts.netloc not in ("", "localhost"):
+        raise ValueError(f"{url}: file:// URLs on another host are not supported")
+    return urllib.request.url2pathname(parts.path)
+
+
+def _open_local(file: FileRef, path: str) -> int:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError as exc:
+        raise FetchError(
+            f"{file.path}: not found: no file at {path} ({file.url})", url=file.url
+        ) from exc
+    except OSError as exc:
+        raise FetchError(f"{file.path}: cannot open {path}: {exc.strerror}", url=file.url) from exc
+    return fd
+
+
+def _local_size(file: FileRef, fd: int) -> int:
+    size = os.fstat(fd).st_size
+    if file.size is not None and size != file.size:
+        raise FileChangedError(
+            f"{file.path}: the file changed: it has {size} bytes, "
+            f"expected {file.size} ({file.url})",
+            url=file.url,
+        )
+    return size
+
+
+def _pread_exact(file: FileRef, fd: int, start: int, end: int) -> bytes:
+    parts: list[bytes] = []
+    pos = start
+    while pos < end:
+        chunk = os.pread(fd, end - pos, pos)
+        if not chunk:
+            raise FileChangedError(
+                f"{file.path}: the file ended at byte {pos}, before {end} ({file.url})",
+                url=file.url,
+            )
+        parts.append(chunk)
+        pos += len(chunk)
+    return b"".join(parts)
+
+
+def _pread_ranges(file: FileRef, path: str, spans: list[tuple[int, int]]) -> list[bytes]:
+    fd = _open_local(file, path)
+    try:
+        size = _local_size(file, fd)
+        for s, e in spans:
+            if e > size:
+                raise FetchError(
+                    f"{file.path}: bytes {s}-{e - 1} asked, the file has {size} ({file.url})",
+                    url=file.url,
+                )
+        return [_pread_exact(file, fd, s, e) for s, e in spans]
+    finally:
+        os.close(fd)
+
+
+def _pread_tail(file: FileRef, path: str, n: int) -> tuple[bytes, int]:
+    fd = _open_local(file, path)
+    try:
+        size = _local_size(file, fd)
+        return _pread_exact(file, fd, max(0, size - n), size), size
+    finally:
+        os.close(fd)
+
+
+def _pread_block(
+    file: FileRef, path: str, start: int, stop: int | None, block: int
+) -> tuple[bytes, int]:
+    fd = _open_local(file, path)
+    try:
+        size = _local_size(file, fd)
+        end = min(size, start + block) if stop is None else stop
+        if end > size:
+            raise FileChangedError(
+                f"{file.path}: the file has {size} bytes, fewer than the {end} wanted ({file.url})",
+                url=file.url,
+            )
+        return _pread_exact(file, fd, start, end), size
+    finally:
+        os.close(fd)
+
+
+# -- small pure helpers ---------------------------------------------------------------------
+
+
+def _check_range(file: FileRef, start: int, end: int) -> tuple[int, int]:
+    if start < 0 or end < start:
+        raise ValueError(f"range ({start}, {end}) of {file.url}: need 0 <= start <= end")
+    if file.size is not None and end > file.size:
+        raise ValueError(
+            f"range ({start}, {end}) of {file.url}: past the end of the file ({file.size} bytes)"
+        )
+    return start, end
+
+
+def _assemble(
+    spans: list[tuple[int, int]], parts: list[tuple[int, int]], data: list[bytes]
+) -> list[bytes]:
+    """Cut each asked range out of the fetched parts (sorted, disjoint)."""
+    import bisect
+
+    starts = [p[0] for p in parts]
+    out: list[bytes] = []
+    for s, e in spans:
+        if s == e:
+            out.append(b"")
+            continue
+        j = max(0, bisect.bisect_right(starts, s) - 1)
+        pieces: list[bytes] = []
+        pos = s
+        while pos < e:
+            ps, pe = parts[j]
+            if not ps <= pos < pe:  # parts cover every asked byte; this is the contract
+                raise AssertionError(f"byte {pos} is in no part of {parts}")
+            stop = min(e, pe)
+            pieces.append(data[j][pos - ps : stop - ps])
+            pos = stop
+            j += 1
+        out.append(pieces[0] if len(pieces) == 1 else b"".join(pieces))
+    return out
+
+
+def _copy_error(exc: FetchError) -> FetchError:
+    """The same error for another waiting reader (an exception is raised in one task only)."""
+    return type(exc)(str(exc), url=exc.url, status=exc.status, attempts=exc.attempts)
+
+
+def _origin(url: str) -> tuple[str, str, int]:
+    u = httpx2.URL(url)
+    default = {"http": 80, "https": 443}.get(u.scheme, 0)
+    return u.scheme, u.host.lower(), u.port or default
+
+
+def _host_key(url: str, file: FileRef) -> str:
+    try:
+        scheme, host, port = _origin(url)
+    except httpx2.InvalidURL as exc:
+        raise FetchError(f"{file.url}: invalid URL {url!r}: {exc}", url=file.url) from exc
+    if scheme not in ("http", "https"):
+        raise FetchError(f"{file.url}: cannot read {scheme}:// URLs", url=file.url)
+    return f"{host}:{port}"
+
+
+def _display(url: str) -> str:
+    """A URL for messages: without its query (signed CDN URLs carry credentials there)."""
+    parts = urllib.parse.urlsplit(url)
+    return parts._replace(query="", fragment="").geturl() if parts.query else url
+
+
+def _normalize_etag(etag: str) -> str:
+    e = etag.strip()
+    if e.startswith("W/"):
+        e = e[2:]
+    return e.strip('"')
+
+
+def _content_length(headers: httpx2.Headers) -> int | None:
+    value = headers.get("Content-Length")
+    return int(value) if value is not None and value.strip().isdigit() else None
+
+
+def _expiry(url: str) -> float | None:
+    """The wall-clock expiry in ``expires=`` / ``Expires=`` of a signed URL, if any."""
+    query = urllib.parse.urlsplit(url).query
+    for key, value in urllib.parse.parse_qsl(query):
+        if key.lower() == "expires":
+            try:
+                return float(value)
+            except ValueError:
+                return None
+    return None
+
+
+def _reuse_until(url: str) -> float | None:
+    """When to stop using a signed URL: a little before its expiry, if it says one.
+
+    The margin is at most half the lifetime left, so that short-lived URLs
+    are still used before they are resolved again.
+    """
+    expires = _expiry(url)
+    if expires is None:
+        return None
+    left = max(0.0, expires - time.time())
+    return expires - min(_EXPIRY_MARGIN_S, left / 2)
+
+
+def _retry_after(value: str | None) -> float | None:
+    """Seconds to wait from a Retry-After header: delay-seconds or an HTTP date."""
+    if value is None:
+        return None
+    value = value.strip()
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError, OverflowError):
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=timezone.utc)
+    return max(0.0, (when - datetime.now(timezone.utc)).total_seconds())
+
+
+def _ratelimit(value: str | None) -> tuple[int, float] | None:
+    """(remaining, seconds to reset) from ``RateLimit: "<bucket>";r=<n>;t=<s>``."""
+    if not value:
+        return None
+    r = _RATELIMIT_REMAINING.search(value)
+    t = _RATELIMIT_RESET.search(value)
+    if r is None or t is None:
+        return None
+    return int(r.group(1)), float(t.group(1))
