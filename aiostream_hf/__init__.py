@@ -18,6 +18,10 @@ from ._exceptions import RetriesExhaustedError as RetriesExhaustedError
 from ._exceptions import RevisionNotFoundError as RevisionNotFoundError
 from ._exceptions import SourceError as SourceError
 from ._exceptions import SplitNotFoundError as SplitNotFoundError
+from ._options import StreamOptions as StreamOptions
+from ._stream import Stream as Stream
+from ._stream import StreamStatistics as StreamStatistics
+from ._stream import stream as stream
 
 __all__ = [
     "AiostreamError",
@@ -37,5 +41,9 @@ __all__ = [
     "RevisionNotFoundError",
     "SourceError",
     "SplitNotFoundError",
+    "Stream",
+    "StreamOptions",
+    "StreamStatistics",
     "__version__",
+    "stream",
 ]

@@ -12,6 +12,7 @@ in one call, so the thread hop is paid per batch of items, not per item.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -165,10 +166,8 @@ class SyncIterator(Generic[T]):
     def _finish(self) -> None:
         self._closed = True
         self._ready.clear()
-        try:
+        with contextlib.suppress(CancelledError):
             self._future.result(timeout=self._close_timeout)
-        except CancelledError:
-            pass
         self._portal.call(self._receive.aclose)
 
     def close(self) -> None:
@@ -178,14 +177,11 @@ class SyncIterator(Generic[T]):
         self._closed = True
         self._ready.clear()
         self._future.cancel()
-        try:
+        # Cancelled as asked, or it raced us to a closed hand-off.
+        with contextlib.suppress(CancelledError, FutureTimeoutError, anyio.BrokenResourceError):
             self._future.result(timeout=self._close_timeout)
-        except (CancelledError, FutureTimeoutError, anyio.BrokenResourceError):
-            pass  # cancelled as asked, or it raced us to a closed hand-off
-        try:
+        with contextlib.suppress(RuntimeError):  # the portal is gone (interpreter exit)
             self._portal.call(self._receive.aclose)
-        except RuntimeError:  # the portal is gone (interpreter exit)
-            pass
 
 
 async def _make_stream(

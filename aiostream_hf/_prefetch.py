@@ -61,9 +61,7 @@ class _Slot(Generic[T]):
 class Prefetcher(Generic[T]):
     """Runs jobs ahead of the consumer, in order, within a count and a byte budget."""
 
-    def __init__(
-        self, jobs: AsyncIterable[Job[T]], *, max_count: int, max_bytes: int
-    ) -> None:
+    def __init__(self, jobs: AsyncIterable[Job[T]], *, max_count: int, max_bytes: int) -> None:
         if max_count < 1 or max_bytes < 1:
             raise SourceError(
                 f"Prefetcher: max_count={max_count} and max_bytes={max_bytes} must be >= 1"

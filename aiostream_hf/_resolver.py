@@ -1,15 +1,117 @@
 """Resolver: sources -> Manifest (files with size, etag, pinned commit, split).
 
-(Being written: see the module's owner. FileRef and Manifest are the contract
-the fetcher, the decoders and the stream use; change them only with care.)
+A Hub source becomes a manifest with as few requests as the Hub allows:
+
+1. pin: ``GET {endpoint}/api/datasets/{repo}/revision/{rev}`` (asking only for ``sha``,
+   ``cardData`` and ``gated``) turns a branch or tag into a commit sha and brings the
+   README's YAML along, so ``configs:`` costs no extra request. A 40-hex revision is
+   already a commit: no request.
+2. list: one recursive tree listing of that commit (of the folder a path or glob names),
+   following the absolute ``Link: <...>; rel="next"`` pages. ``README.md`` is fetched only
+   for a sha-pinned whole-repo source (step 1 was skipped), ``.huggingface.yaml`` only
+   when the repo has one, and one ``HEAD`` checks access to a gated repo.
+3. select: configs and splits are inferred with the rules of ``datasets`` (reproduced here
+   from ``datasets/data_files.py``, ``load.py`` and ``utils/metadata.py``; ``datasets`` is a
+   test oracle, never imported): README YAML ``configs:``, then
+   ``data/{split}-NNNNN-of-NNNNN.*`` shard names, then ``*.eval`` logs and harbor tasks,
+   then split-named folders, then split-named files, else everything is ``train``. Globs
+   match like fsspec's ``glob`` (``**`` crosses folders); hidden files, ``__special__``
+   folders and ``README.md``-like files are left out unless a pattern names them. Only
+   files of a format this project streams count (``DATA_FILE_EXTENSIONS``); when a split
+   holds several, the most common wins, as ``datasets.load.infer_module_for_data_files``
+   picks it.
+
+Resolutions are coalesced. In a process, concurrent ``resolve()`` calls with the same key
+share one pending result (the first caller does the work; if it is cancelled a waiter
+takes over). On a machine, a file lock per key and a JSON file under
+``{cache_dir}/resolutions/`` make one process do the work while the others read its
+answer. Manifests are keyed by endpoint, repo, commit, path, config, split and
+``data_files`` and never expire (a commit is immutable); a branch-to-commit pin is shared
+for ``StreamOptions.pin_ttl`` seconds, so ranks that start together make one call.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import functools
+import hashlib
+import json
+import logging
+import os
+import posixpath
+import random
+import re
+import time
+from collections import Counter, OrderedDict
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from email.utils import parsedate_to_datetime
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Generic, TypeAlias, TypeVar, cast
+from urllib.parse import quote, urlsplit
 
-__all__ = ["FileRef", "Manifest"]
+import anyio
+import anyio.to_thread
+import filelock
+import httpx2
+import yaml
+
+from .__version__ import __version__
+from ._exceptions import (
+    ClosedResourceError,
+    ConfigNotFoundError,
+    EntryNotFoundError,
+    GatedRepoError,
+    RepoNotFoundError,
+    ResolutionError,
+    RevisionNotFoundError,
+    SourceError,
+    SplitNotFoundError,
+)
+from ._options import StreamOptions
+from ._sources import HubSource, LocalSource, Source, UrlSource, has_glob, parse_sources
+
+__all__ = [
+    "DATA_FILE_EXTENSIONS",
+    "DEFAULT_ENDPOINT",
+    "DataFiles",
+    "FileRef",
+    "Manifest",
+    "Resolver",
+    "ResolverStatistics",
+]
+
+logger = logging.getLogger("aiostream_hf.resolver")
+
+#: The Hub used when neither ``endpoint=`` nor ``HF_ENDPOINT`` names another.
+DEFAULT_ENDPOINT = "https://huggingface.co"
+
+#: Data file extensions this project streams, and the format (decoder) of each. A file
+#: counts when any of its suffixes is listed (``a.tar.gz`` counts as ``.tar``, as in
+#: ``datasets``). Add an entry here when a decoder for a new format lands.
+DATA_FILE_EXTENSIONS: dict[str, str] = {
+    ".parquet": "parquet",
+    ".tar": "webdataset",
+    ".tgz": "webdataset",
+}
+
+#: What ``data_files=`` accepts, as in ``datasets``: a pattern, a list of patterns (split
+#: "train"), a mapping split -> pattern(s), or a list of ``{"split": ..., "path": ...}``.
+DataFiles: TypeAlias = (
+    "str | Sequence[str] | Mapping[str, str | Sequence[str]] | Sequence[Mapping[str, Any]]"
+)
+
+_MANIFEST_VERSION = 1
+_SHA = re.compile(r"^[0-9a-f]{40}$")
+_RETRY_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
+_MAX_RETRY_AFTER = 300.0  # the Hub's rate-limit window; a longer wait is not worth it
+# In-memory caches are bounded by the files they hold (a pin or a card counts as one).
+_MEMORY_WEIGHT = 2_000_000
+_LISTING_WEIGHT = 2_000_000
+_TRUE = frozenset({"1", "on", "yes", "true"})
+
+
+# --- the contract: FileRef and Manifest ------------------------------------------------
 
 
 @dataclass(frozen=True, slots=True)
@@ -22,12 +124,14 @@ class FileRef:
     path: its path in the repo (a URL or local path for other sources).
     size: bytes, when known (always for Hub and local files).
     etag: the Hub's etag (sha256 for LFS files, git oid otherwise), when known.
+    split: the split the file belongs to.
     """
 
     url: str
     path: str
     size: int | None = None
     etag: str | None = None
+    split: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,6 +140,12 @@ class Manifest:
 
     ``splits`` maps every split of the selected config to its file count, so
     errors and ``ls`` can list them; ``configs`` lists the source's configs.
+    ``split`` is None when no split was asked for and the config has several:
+    ``files`` then holds every split, in split order, each tagged with its split.
+    ``format`` is the decoder the files need ("parquet", "webdataset"), when known.
+
+    A manifest is picklable and JSON-serialisable (``to_json``/``from_json``), so a
+    torch Dataset resolves once and hands it to its workers.
     """
 
     files: tuple[FileRef, ...]
@@ -46,3 +156,1442 @@ class Manifest:
     split: str | None = None
     configs: tuple[str, ...] = ()
     splits: Mapping[str, int] = field(default_factory=dict)
+    format: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-able dict that ``Manifest.from_json`` turns back into this manifest."""
+        files = []
+        for f in self.files:
+            entry: dict[str, Any] = {"url": f.url, "path": f.path}
+            if f.size is not None:
+                entry["size"] = f.size
+            if f.etag is not None:
+                entry["etag"] = f.etag
+            if f.split is not None:
+                entry["split"] = f.split
+            files.append(entry)
+        return {
+            "version": _MANIFEST_VERSION,
+            "repo_id": self.repo_id,
+            "commit": self.commit,
+            "endpoint": self.endpoint,
+            "config": self.config,
+            "split": self.split,
+            "configs": list(self.configs),
+            "splits": dict(self.splits),
+            "format": self.format,
+            "files": files,
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Manifest:
+        """The manifest that ``to_json`` described."""
+        if data.get("version") != _MANIFEST_VERSION:
+            raise ValueError(
+                f"manifest JSON version {data.get('version')!r} is not {_MANIFEST_VERSION}"
+            )
+        return cls(
+            files=tuple(
+                FileRef(
+                    url=f["url"],
+                    path=f["path"],
+                    size=f.get("size"),
+                    etag=f.get("etag"),
+                    split=f.get("split"),
+                )
+                for f in data["files"]
+            ),
+            repo_id=data.get("repo_id"),
+            commit=data.get("commit"),
+            endpoint=data.get("endpoint"),
+            config=data.get("config"),
+            split=data.get("split"),
+            configs=tuple(data.get("configs", ())),
+            splits={str(k): int(v) for k, v in data.get("splits", {}).items()},
+            format=data.get("format"),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ResolverStatistics:
+    """What a Resolver did since it was created.
+
+    api_requests / resolver_requests: HTTP requests to ``/api/...`` and to ``/resolve/``
+        URLs, retries included (the Hub's two rate-limit buckets).
+    retries: requests repeated after a 408/429/5xx answer or a network error.
+    memory_hits / disk_hits: pins, tree listings, cards and manifests answered from this
+        process's memory, or (pins and manifests) from the on-disk cache that another
+        process, or an earlier run, wrote.
+    coalesced_waits: calls that waited for a resolution another task had in flight.
+    resolutions: manifests computed from the network (cache misses).
+    """
+
+    api_requests: int = 0
+    resolver_requests: int = 0
+    retries: int = 0
+    memory_hits: int = 0
+    disk_hits: int = 0
+    coalesced_waits: int = 0
+    resolutions: int = 0
+
+
+# --- the Resolver ----------------------------------------------------------------------
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class _File:
+    """One file of a repo tree."""
+
+    path: str
+    size: int
+    etag: str
+
+
+@dataclass(frozen=True, slots=True)
+class _Pin:
+    """A revision pinned to a commit, with what the pin request told about the repo."""
+
+    sha: str
+    card: dict[str, Any] | None = None
+    card_known: bool = False  # False when the revision was a sha and no request was made
+    gated: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "sha": self.sha,
+            "card": self.card,
+            "card_known": self.card_known,
+            "gated": self.gated,
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> _Pin:
+        sha = data["sha"]
+        if not isinstance(sha, str) or not _SHA.match(sha):
+            raise ValueError(f"bad sha {sha!r}")
+        card = data.get("card")
+        return cls(
+            sha=sha,
+            card=card if isinstance(card, dict) else None,
+            card_known=bool(data["card_known"]),
+            gated=bool(data.get("gated")),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class _Codec(Generic[T]):
+    """How one kind of value is cached: in memory always; on disk when it has a codec."""
+
+    kind: str
+    encode: Callable[[T], Any] | None = None
+    decode: Callable[[Any], T] | None = None
+
+
+_MANIFEST_CODEC: _Codec[Manifest] = _Codec("manifest", Manifest.to_json, Manifest.from_json)
+_PIN_CODEC: _Codec[_Pin] = _Codec("pin", _Pin.to_json, _Pin.from_json)
+# Memory only: a tree listing can be large, and the manifests made from it are on disk.
+_TREE_CODEC: _Codec[tuple[_File, ...]] = _Codec("tree")
+_CARD_CODEC: _Codec[dict[str, Any] | None] = _Codec("card")
+
+
+class _Pending:
+    """A resolution in flight: its waiters sleep on ``event``."""
+
+    __slots__ = ("done", "error", "event", "value")
+
+    def __init__(self) -> None:
+        self.event = anyio.Event()
+        self.done = False
+        self.value: Any = None
+        self.error: Exception | None = None
+
+
+class _Lru:
+    """An LRU of values with an optional expiry (monotonic seconds), bounded by weight."""
+
+    def __init__(self, max_weight: int) -> None:
+        self._max_weight = max_weight
+        self._weight = 0
+        self._items: OrderedDict[str, tuple[Any, float | None, int]] = OrderedDict()
+
+    def get(self, key: str) -> tuple[bool, Any]:
+        item = self._items.get(key)
+        if item is None:
+            return False, None
+        value, expires, weight = item
+        if expires is not None and time.monotonic() >= expires:
+            del self._items[key]
+            self._weight -= weight
+            return False, None
+        self._items.move_to_end(key)
+        return True, value
+
+    def put(self, key: str, value: Any, ttl: float | None, weight: int) -> None:
+        if ttl is not None and ttl <= 0:
+            return
+        old = self._items.pop(key, None)
+        if old is not None:
+            self._weight -= old[2]
+        self._items[key] = (value, None if ttl is None else time.monotonic() + ttl, weight)
+        self._weight += weight
+        while self._weight > self._max_weight and len(self._items) > 1:
+            _, (_, _, dropped) = self._items.popitem(last=False)
+            self._weight -= dropped
+
+
+class _Counts:
+    def __init__(self) -> None:
+        self.api_requests = 0
+        self.resolver_requests = 0
+        self.retries = 0
+        self.memory_hits = 0
+        self.disk_hits = 0
+        self.coalesced_waits = 0
+        self.resolutions = 0
+
+
+class _Call:
+    """One resolve() call: its token, looked up only when a request needs it, and
+    whether it already waited for another task (counted once per call)."""
+
+    def __init__(self, token: str | bool | None) -> None:
+        self._given = token
+        self._found = False
+        self._token: str | None = None
+        self.waited = False
+
+    async def token(self) -> str | None:
+        if not self._found:
+            self._token = await _find_token(self._given)
+            self._found = True
+        return self._token
+
+
+class Resolver:
+    """Turns sources into Manifests, coalescing work in the process and on the machine.
+
+        async with Resolver() as resolver:
+            manifest = await resolver.resolve("hf://datasets/org/name", split="train")
+
+    ``client``: an ``httpx2.AsyncClient`` to use (the caller closes it); by default the
+    Resolver opens its own and closes it in ``aclose()``. ``options`` gives the cache
+    folder (``StreamOptions.resolved_cache_dir()``), ``pin_ttl``, retries and timeout.
+    One Resolver belongs to one event loop; share it between the tasks of that loop.
+    """
+
+    def __init__(
+        self,
+        *,
+        options: StreamOptions | None = None,
+        client: httpx2.AsyncClient | None = None,
+    ) -> None:
+        self._options = options or StreamOptions()
+        self._client = client
+        self._owns_client = client is None
+        self._closed = False
+        self._counts = _Counts()
+        self._pending: dict[str, _Pending] = {}
+        self._memory = _Lru(_MEMORY_WEIGHT)
+        self._listings = _Lru(_LISTING_WEIGHT)
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    async def __aenter__(self) -> Resolver:
+        self._check_open()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Close the HTTP client the Resolver opened; later calls raise ClosedResourceError."""
+        self._closed = True
+        client, self._client = self._client, None
+        if client is not None and self._owns_client:
+            with anyio.CancelScope(shield=True):
+                await client.aclose()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ClosedResourceError("this Resolver is closed: create a new one")
+
+    def statistics(self) -> ResolverStatistics:
+        """Requests made, cache hits and coalesced waits so far."""
+        c = self._counts
+        return ResolverStatistics(
+            api_requests=c.api_requests,
+            resolver_requests=c.resolver_requests,
+            retries=c.retries,
+            memory_hits=c.memory_hits,
+            disk_hits=c.disk_hits,
+            coalesced_waits=c.coalesced_waits,
+            resolutions=c.resolutions,
+        )
+
+    # -- the public call ------------------------------------------------------------------
+
+    async def resolve(
+        self,
+        source: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
+        *,
+        config: str | None = None,
+        split: str | None = None,
+        data_files: DataFiles | None = None,
+        token: str | bool | None = None,
+        endpoint: str | None = None,
+    ) -> Manifest:
+        """The files of ``source`` for ``config`` and ``split``, pinned to a commit.
+
+        ``source`` is anything ``parse_sources`` accepts. ``data_files`` replaces the
+        config's files with patterns relative to the repo (or to the folder the source
+        names). ``token``: a token, False for none, or None to use ``HF_TOKEN`` or the
+        login stored by huggingface_hub. ``endpoint`` defaults to ``$HF_ENDPOINT``, then
+        ``https://huggingface.co``. ``split=None`` selects every split of the config.
+        """
+        self._check_open()
+        sources = await anyio.to_thread.run_sync(parse_sources, source)
+        patterns = None if data_files is None else _sanitize_data_files(data_files, _bad_input)
+        hub_endpoint = _endpoint(endpoint)
+        call = _Call(token)
+        manifests: list[Manifest] = []
+        plain: list[UrlSource | LocalSource] = []
+        for src in sources:
+            if isinstance(src, HubSource):
+                if plain:
+                    manifests.append(await self._resolve_plain(plain, config, split))
+                    plain = []
+                if patterns is not None and src.path is not None and has_glob(src.path):
+                    raise SourceError(
+                        f"data_files={data_files!r} cannot narrow a glob source "
+                        f"({src.uri!r}): put the pattern in one of them only"
+                    )
+                manifests.append(
+                    await self._resolve_hub(src, config, split, patterns, hub_endpoint, call)
+                )
+            else:
+                if patterns is not None:
+                    raise SourceError(
+                        f"data_files= applies to Hub repos, not to {_describe(src)!r}: "
+                        "pass the files themselves as the source"
+                    )
+                plain.append(src)
+        if plain:
+            manifests.append(await self._resolve_plain(plain, config, split))
+        return manifests[0] if len(manifests) == 1 else _combine(manifests)
+
+    # -- plain files --------------------------------------------------------------------
+
+    async def _resolve_plain(
+        self, sources: Sequence[UrlSource | LocalSource], config: str | None, split: str | None
+    ) -> Manifest:
+        what = _describe(sources[0]) + (f" and {len(sources) - 1} more" if len(sources) > 1 else "")
+        if config not in (None, "default"):
+            raise ConfigNotFoundError(
+                f"no config {config!r} in {what}: files and URLs have one config, 'default'"
+            )
+        if split not in (None, "train"):
+            raise SplitNotFoundError(
+                f"no split {split!r} in {what}: files and URLs form one split, 'train' "
+                "(as in datasets); resolve each split's files separately"
+            )
+        files = await anyio.to_thread.run_sync(_plain_files, sources)
+        return Manifest(
+            files=files,
+            config="default",
+            split="train",
+            configs=("default",),
+            splits={"train": len(files)},
+            format=_common_format([f.path for f in files]),
+        )
+
+    # -- Hub repos ----------------------------------------------------------------------
+
+    async def _resolve_hub(
+        self,
+        src: HubSource,
+        config: str | None,
+        split: str | None,
+        data_files: dict[str, list[str]] | None,
+        endpoint: str,
+        call: _Call,
+    ) -> Manifest:
+        revision = src.revision or "main"
+        if _SHA.match(revision):
+            pin = _Pin(revision)
+        else:
+            pin = await self._once(
+                ("pin", endpoint, src.repo_id, revision),
+                functools.partial(self._fetch_pin, endpoint, src.repo_id, revision, call),
+                _PIN_CODEC,
+                ttl=self._options.pin_ttl,
+                call=call,
+            )
+        key = ("manifest", endpoint, src.repo_id, pin.sha, src.path, config, split, data_files)
+        build = functools.partial(
+            self._build, src, revision, pin, config, split, data_files, endpoint, call
+        )
+        return await self._once(key, build, _MANIFEST_CODEC, ttl=None, call=call)
+
+    async def _build(
+        self,
+        src: HubSource,
+        revision: str,
+        pin: _Pin,
+        config: str | None,
+        split: str | None,
+        data_files: dict[str, list[str]] | None,
+        endpoint: str,
+        call: _Call,
+    ) -> Manifest:
+        path = src.path
+        if path is None:
+            base = ""
+        elif has_glob(path):
+            base = _glob_base(path)
+        else:
+            base = posixpath.dirname(path)
+        where = _Where(src.repo_id, revision, pin.sha, endpoint)
+        root = ("tree", endpoint, src.repo_id, pin.sha, "")
+        hit, tree = self._listings.get(_key(root))  # the whole tree serves any folder
+        if hit:
+            self._counts.memory_hits += 1
+        else:
+            tree = await self._once(
+                root[:-1] + (base,),
+                functools.partial(self._list_tree, where, base, call, path),
+                _TREE_CODEC,
+                ttl=None,
+                call=call,
+            )
+        card = None
+        if path is None:
+            card = await self._once(
+                ("card", endpoint, src.repo_id, pin.sha),
+                functools.partial(self._fetch_card, where, pin, tree, call),
+                _CARD_CODEC,
+                ttl=None,
+                call=call,
+            )
+        selection = await anyio.to_thread.run_sync(
+            functools.partial(
+                _select,
+                tree,
+                card,
+                where,
+                path=path,
+                config=config,
+                split=split,
+                data_files=data_files,
+            )
+        )
+        files = tuple(
+            FileRef(
+                url=f"{endpoint}/datasets/{src.repo_id}/resolve/{pin.sha}/{quote(f.path)}",
+                path=f.path,
+                size=f.size,
+                etag=f.etag,
+                split=file_split,
+            )
+            for file_split, f in selection.files
+        )
+        if pin.gated and files:
+            await self._check_access(where, files[0].url, call)
+        self._counts.resolutions += 1
+        return Manifest(
+            files=files,
+            repo_id=src.repo_id,
+            commit=pin.sha,
+            endpoint=endpoint,
+            config=selection.config,
+            split=selection.split,
+            configs=selection.configs,
+            splits=selection.splits,
+            format=selection.format,
+        )
+
+    async def _fetch_pin(self, endpoint: str, repo: str, revision: str, call: _Call) -> _Pin:
+        url = f"{endpoint}/api/datasets/{repo}/revision/{quote(revision, safe='')}"
+        params = httpx2.QueryParams(
+            [("expand", "sha"), ("expand", "cardData"), ("expand", "gated")]
+        )
+        where = _Where(repo, revision, None, endpoint)
+        response = await self._get(url, where, call, params=params)
+        data = _json_body(response, url)
+        sha = data.get("sha") if isinstance(data, dict) else None
+        if not isinstance(sha, str) or not _SHA.match(sha):
+            raise ResolutionError(f"GET {url} answered no commit sha (got {sha!r})")
+        card = data.get("cardData")
+        return _Pin(
+            sha=sha,
+            card=card if isinstance(card, dict) else None,
+            card_known=True,
+            gated=bool(data.get("gated")),
+        )
+
+    async def _fetch_card(
+        self, where: _Where, pin: _Pin, tree: Sequence[_File], call: _Call
+    ) -> dict[str, Any] | None:
+        """The repo card's YAML: from the pin request, else README.md (only if present)."""
+        card = pin.card
+        paths = {f.path for f in tree if "/" not in f.path}
+        if not pin.card_known and "README.md" in paths:
+            card = _front_matter(await self._fetch_text(where, "README.md", call))
+        if ".huggingface.yaml" in paths:
+            # datasets merges the standalone YAML over the README's (load.py).
+            text = await self._fetch_text(where, ".huggingface.yaml", call)
+            try:
+                extra = yaml.safe_load(text)
+            except yaml.YAMLError as exc:
+                raise ResolutionError(
+                    f"{where.label}: .huggingface.yaml is not YAML: {exc}"
+                ) from exc
+            if isinstance(extra, dict):
+                card = {**(card or {}), **extra}
+        return card
+
+    async def _list_tree(
+        self, where: _Where, base: str, call: _Call, path: str | None
+    ) -> tuple[_File, ...]:
+        assert where.sha is not None
+        url: str | None = f"{where.endpoint}/api/datasets/{where.repo}/tree/{where.sha}"
+        if base:
+            url = f"{url}/{quote(base, safe='')}"
+        params: httpx2.QueryParams | None = httpx2.QueryParams(
+            [("recursive", "true"), ("expand", "false")]
+        )
+        files: list[_File] = []
+        seen: set[str] = set()
+        while url is not None:
+            if url in seen:
+                raise ResolutionError(f"the tree listing of {where.label} loops at {url}")
+            seen.add(url)
+            response = await self._get(url, where, call, params=params, missing=path)
+            params = None  # the next-page URL carries the query
+            entries = _json_body(response, url)
+            if not isinstance(entries, list):
+                raise ResolutionError(f"GET {url} answered {type(entries).__name__}, not a list")
+            for entry in entries:
+                if isinstance(entry, dict) and entry.get("type") == "file":
+                    files.append(_tree_file(entry, url))
+            url = response.links.get("next", {}).get("url")
+        files.sort(key=lambda f: f.path)
+        return tuple(files)
+
+    async def _fetch_text(self, where: _Where, name: str, call: _Call) -> str:
+        assert where.sha is not None
+        url = f"{where.endpoint}/datasets/{where.repo}/resolve/{where.sha}/{quote(name)}"
+        response = await self._get(url, where, call, missing=name)
+        return response.content.decode("utf-8", errors="replace")
+
+    async def _check_access(self, where: _Where, url: str, call: _Call) -> None:
+        """Fail early, with GatedRepoError, when the token cannot read a gated repo."""
+        await self._get(url, where, call, method="HEAD", follow_redirects=False)
+
+    # -- HTTP -----------------------------------------------------------------------------
+
+    async def _get(
+        self,
+        url: str,
+        where: _Where,
+        call: _Call,
+        *,
+        params: httpx2.QueryParams | None = None,
+        method: str = "GET",
+        missing: str | None = None,
+        follow_redirects: bool = True,
+    ) -> httpx2.Response:
+        """One request with retries on 408/429/5xx and network errors; errors mapped."""
+        self._check_open()
+        if self._client is None:
+            self._client = httpx2.AsyncClient(
+                timeout=self._options.timeout,
+                headers={"user-agent": f"aiostream-hf/{__version__}"},
+            )
+        token = await call.token()
+        headers = {}
+        if token and _same_origin(url, where.endpoint):
+            headers["authorization"] = f"Bearer {token}"
+        is_api = urlsplit(url).path.startswith("/api/")
+        attempts = 0
+        while True:
+            attempts += 1
+            if is_api:
+                self._counts.api_requests += 1
+            else:
+                self._counts.resolver_requests += 1
+            try:
+                response = await self._client.request(
+                    method, url, params=params, headers=headers, follow_redirects=follow_redirects
+                )
+            except httpx2.TransportError as exc:
+                if attempts > self._options.max_retries:
+                    raise ResolutionError(
+                        f"{method} {url} failed after {attempts} attempts: "
+                        f"{type(exc).__name__}: {exc}"
+                    ) from exc
+                delay = self._backoff(attempts)
+            else:
+                if response.status_code < 400:
+                    return response
+                if (
+                    response.status_code not in _RETRY_STATUSES
+                    or attempts > self._options.max_retries
+                ):
+                    raise _http_error(response, where, missing, attempts)
+                retry_after = _retry_after(response.headers.get("retry-after"))
+                delay = self._backoff(attempts) if retry_after is None else retry_after
+            self._counts.retries += 1
+            await anyio.sleep(delay)
+
+    def _backoff(self, attempt: int) -> float:
+        ceiling = min(self._options.backoff_max, self._options.backoff_base * 2 ** (attempt - 1))
+        return random.uniform(0, ceiling)
+
+    # -- coalescing -----------------------------------------------------------------------
+
+    async def _once(
+        self,
+        key_parts: tuple[Any, ...],
+        compute: Callable[[], Awaitable[T]],
+        codec: _Codec[T],
+        *,
+        ttl: float | None,
+        call: _Call,
+    ) -> T:
+        """The value for a key: from memory, from a task computing it, from disk, or computed.
+
+        Coordinating state is plain synchronous code: the dict of pending results is
+        changed only between awaits. If the task computing a value is cancelled, its
+        waiters wake up and the first one takes the work over.
+        """
+        key = _key(key_parts)
+        memory = self._listings if codec.kind == "tree" else self._memory
+        waited = False
+        while True:
+            hit, cached = memory.get(key)
+            if hit:
+                if not waited:
+                    self._counts.memory_hits += 1
+                return cast(T, cached)
+            pending = self._pending.get(key)
+            if pending is None:
+                break
+            waited = True
+            if not call.waited:
+                self._counts.coalesced_waits += 1
+                call.waited = True
+            await pending.event.wait()
+            if pending.error is not None:
+                raise pending.error
+            if pending.done:
+                return cast(T, pending.value)
+            # The owner was cancelled: go round, and take over if nobody else has.
+
+        pending = _Pending()
+        self._pending[key] = pending
+        try:
+            age = 0.0
+            if codec.encode is not None and codec.decode is not None and (ttl is None or ttl > 0):
+                value, age = await self._disk_once(
+                    key, key_parts, compute, codec.encode, codec.decode, ttl
+                )
+            else:
+                value = await compute()
+        except BaseException as exc:
+            del self._pending[key]
+            if isinstance(exc, Exception):
+                pending.error = exc
+            pending.event.set()
+            raise
+        memory.put(key, value, None if ttl is None else ttl - age, _weight(value))
+        del self._pending[key]
+        pending.value = value
+        pending.done = True
+        pending.event.set()
+        return value
+
+    async def _disk_once(
+        self,
+        key: str,
+        key_parts: tuple[Any, ...],
+        compute: Callable[[], Awaitable[T]],
+        encode: Callable[[T], Any],
+        decode: Callable[[Any], T],
+        ttl: float | None,
+    ) -> tuple[T, float]:
+        """The value from the on-disk cache, or computed under the key's file lock and
+        stored there; and its age in seconds (a pin shared by another process is older)."""
+        folder = self._options.resolved_cache_dir() / "resolutions"
+        path = folder / f"{key}.json"
+        stored = json.loads(json.dumps(key_parts))
+        found = await anyio.to_thread.run_sync(_read_entry, path, stored, ttl, decode)
+        if found is not None:
+            self._counts.disk_hits += 1
+            return found
+        try:
+            await anyio.to_thread.run_sync(
+                functools.partial(folder.mkdir, parents=True, exist_ok=True)
+            )
+            lock = filelock.FileLock(str(folder / f"{key}.lock"), thread_local=False)
+            await _acquire(lock)
+        except OSError as exc:
+            logger.warning(
+                "resolution cache %s is not usable (%s): resolving uncached", folder, exc
+            )
+            return await compute(), 0.0
+        try:
+            found = await anyio.to_thread.run_sync(_read_entry, path, stored, ttl, decode)
+            if found is not None:
+                self._counts.disk_hits += 1
+                return found
+            value = await compute()
+            entry = {"key": stored, "created": time.time(), "value": encode(value)}
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(_write_entry, path, entry)
+            return value, 0.0
+        finally:
+            lock.release()
+
+
+# --- helpers: environment, HTTP --------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _Where:
+    """A repo at a revision, for URLs and messages."""
+
+    repo: str
+    revision: str
+    sha: str | None
+    endpoint: str
+
+    @property
+    def label(self) -> str:
+        if self.sha is None or self.sha == self.revision:
+            return f"{self.repo}@{self.revision}"
+        return f"{self.repo}@{self.revision} ({self.sha[:12]})"
+
+
+def _endpoint(endpoint: str | None) -> str:
+    value = endpoint or os.environ.get("HF_ENDPOINT") or DEFAULT_ENDPOINT
+    value = value.rstrip("/")
+    parts = urlsplit(value)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise SourceError(f"Hub endpoint {value!r} is not an http(s) URL like {DEFAULT_ENDPOINT}")
+    return value
+
+
+async def _find_token(given: str | bool | None) -> str | None:
+    """huggingface_hub's order: the argument, then HF_TOKEN, then the stored login."""
+    if isinstance(given, str):
+        return given or None
+    if given is False:
+        return None
+    if given is None and os.environ.get("HF_HUB_DISABLE_IMPLICIT_TOKEN", "").lower() in _TRUE:
+        return None
+    env = os.environ.get("HF_TOKEN", "").strip()
+    if env:
+        return env
+    from huggingface_hub import get_token
+
+    # get_token() may refresh an OAuth token over the network: keep it off the loop.
+    return await anyio.to_thread.run_sync(get_token)
+
+
+def _same_origin(url: str, endpoint: str) -> bool:
+    a, b = urlsplit(url), urlsplit(endpoint)
+    return (a.scheme, a.netloc) == (b.scheme, b.netloc)
+
+
+def _retry_after(value: str | None) -> float | None:
+    if not value:
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        try:
+            seconds = parsedate_to_datetime(value).timestamp() - time.time()
+        except (TypeError, ValueError):
+            return None
+    return min(max(seconds, 0.0), _MAX_RETRY_AFTER)
+
+
+def _http_error(
+    response: httpx2.Response, where: _Where, missing: str | None, attempts: int
+) -> ResolutionError:
+    code = response.headers.get("x-error-code", "")
+    status = response.status_code
+    url = str(response.request.url)
+    if code == "RepoNotFound" or (status == 401 and not code):
+        return RepoNotFoundError(
+            f"dataset repo {where.repo!r} not found at {where.endpoint} (HTTP {status}). "
+            "If it is private, pass token=, set HF_TOKEN or log in with `hf auth login`, "
+            "with a token that can read it"
+        )
+    if code == "GatedRepo":
+        return GatedRepoError(
+            f"dataset repo {where.repo!r} is gated (HTTP {status}): request access at "
+            f"{where.endpoint}/datasets/{where.repo} and pass a token that has it "
+            "(token=, HF_TOKEN or `hf auth login`)"
+        )
+    if code == "RevisionNotFound":
+        return RevisionNotFoundError(
+            f"revision {where.revision!r} not found in dataset repo {where.repo!r}: "
+            "use a branch, tag or commit sha that exists"
+        )
+    if code == "EntryNotFound" and missing is not None:
+        return EntryNotFoundError(f"{missing!r} not found in {where.label}")
+    message = response.headers.get("x-error-message", "")
+    tried = f" after {attempts} attempts" if attempts > 1 else ""
+    return ResolutionError(
+        f"{response.request.method} {url} failed with HTTP {status}{tried}"
+        + (f": {message}" if message else "")
+    )
+
+
+def _json_body(response: httpx2.Response, url: str) -> Any:
+    try:
+        return response.json()
+    except ValueError as exc:
+        raise ResolutionError(f"GET {url} answered something that is not JSON: {exc}") from exc
+
+
+def _tree_file(entry: Mapping[str, Any], url: str) -> _File:
+    try:
+        lfs = entry.get("lfs")
+        etag = lfs["oid"] if isinstance(lfs, dict) and lfs.get("oid") else entry["oid"]
+        return _File(str(entry["path"]), int(entry["size"]), str(etag))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ResolutionError(f"GET {url}: malformed tree entry {entry!r}") from exc
+
+
+def _front_matter(text: str) -> dict[str, Any] | None:
+    """The YAML block of a repo card, found as huggingface_hub's RepoCard finds it."""
+    from huggingface_hub.repocard import REGEX_YAML_BLOCK  # imports hf_api: only when needed
+
+    match = REGEX_YAML_BLOCK.search(text)
+    if match is None:
+        return None
+    try:
+        data = yaml.safe_load(match.group(2))
+    except yaml.YAMLError as exc:
+        raise ResolutionError(f"README.md metadata is not valid YAML: {exc}") from exc
+    return data if isinstance(data, dict) else None
+
+
+def _describe(src: Source) -> str:
+    if isinstance(src, UrlSource):
+        return src.url
+    if isinstance(src, LocalSource):
+        return str(src.path)
+    return src.uri
+
+
+def _plain_files(sources: Sequence[UrlSource | LocalSource]) -> tuple[FileRef, ...]:
+    files = []
+    for src in sources:
+        if isinstance(src, UrlSource):
+            files.append(FileRef(url=src.url, path=src.url, split="train"))
+        else:
+            size = src.path.stat().st_size
+            files.append(FileRef(src.path.as_uri(), str(src.path), size, None, "train"))
+    return tuple(files)
+
+
+def _combine(manifests: Sequence[Manifest]) -> Manifest:
+    """One manifest for several sources: files in order, shared fields where they agree."""
+
+    def common(values: Sequence[Any]) -> Any:
+        return values[0] if all(v == values[0] for v in values) else None
+
+    splits: dict[str, int] = {}
+    for m in manifests:
+        for name, count in m.splits.items():
+            splits[name] = splits.get(name, 0) + count
+    return Manifest(
+        files=tuple(f for m in manifests for f in m.files),
+        repo_id=common([m.repo_id for m in manifests]),
+        commit=common([m.commit for m in manifests]),
+        endpoint=common([m.endpoint for m in manifests]),
+        config=common([m.config for m in manifests]),
+        split=common([m.split for m in manifests]),
+        configs=common([m.configs for m in manifests]) or (),
+        splits=splits,
+        format=common([m.format for m in manifests]),
+    )
+
+
+# --- helpers: the on-disk cache -------------------------------------------------------
+
+
+def _weight(value: object) -> int:
+    if isinstance(value, Manifest):
+        return max(1, len(value.files))
+    if isinstance(value, tuple):  # a tree listing
+        return max(1, len(value))
+    return 1
+
+
+def _key(parts: tuple[Any, ...]) -> str:
+    """``KIND-HASH``: the name of a cache entry (and of its lock file)."""
+    text = json.dumps(parts, sort_keys=True, separators=(",", ":"))
+    return f"{parts[0]}-{hashlib.sha256(text.encode()).hexdigest()[:40]}"
+
+
+async def _acquire(lock: filelock.FileLock) -> None:
+    """Take a file lock without blocking the event loop.
+
+    Another process holds it; nothing can wake us when it lets go, so poll (as filelock
+    itself does), starting fast: the holder is usually a few requests away from done.
+    """
+    delay = 0.005
+    while True:
+        try:
+            lock.acquire(timeout=0)
+            return
+        except filelock.Timeout:
+            await anyio.sleep(delay)
+            delay = min(delay * 2, 0.1)
+
+
+def _read_entry(
+    path: Path, key: Any, ttl: float | None, decode: Callable[[Any], T]
+) -> tuple[T, float] | None:
+    """(value, age) of a cache entry that exists, is this key's, and has not expired."""
+    try:
+        with path.open(encoding="utf-8") as f:
+            entry = json.load(f)
+        if entry["key"] != key:
+            return None
+        age = time.time() - float(entry["created"])
+        if ttl is not None and not 0 <= age < ttl:
+            return None
+        return decode(entry["value"]), max(age, 0.0)
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        logger.warning("ignoring unreadable resolution cache entry %s: %s", path, exc)
+        return None
+
+
+def _write_entry(path: Path, entry: Any) -> None:
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    try:
+        with tmp.open("w", encoding="utf-8") as f:
+            json.dump(entry, f, separators=(",", ":"))
+        os.replace(tmp, path)
+    except OSError as exc:
+        logger.warning("cannot write resolution cache entry %s: %s", path, exc)
+        tmp.unlink(missing_ok=True)
+
+
+# --- selection: the rules of `datasets` ------------------------------------------------
+
+_SPLIT_KEYWORDS = {
+    "train": ("train", "training"),
+    "validation": ("validation", "valid", "dev", "val"),
+    "test": ("test", "testing", "eval", "evaluation"),
+}
+_DEFAULT_SPLITS = ("train", "validation", "test")
+_SEP = "-._ 0-9"
+_FILENAME_PATTERNS = ("**/{keyword}[{sep}]*", "**/*[{sep}]{keyword}[{sep}]*")
+_DIRNAME_PATTERNS = (
+    "**/{keyword}/**",
+    "**/{keyword}[{sep}]*/**",
+    "**/*[{sep}]{keyword}/**",
+    "**/*[{sep}]{keyword}[{sep}]*/**",
+)
+
+
+def _keyword_patterns(bases: Sequence[str]) -> dict[str, list[str]]:
+    return {
+        split: [p.format(keyword=k, sep=_SEP) for k in keywords for p in bases]
+        for split, keywords in _SPLIT_KEYWORDS.items()
+    }
+
+
+_SHARDED = "data/{split}-[0-9][0-9][0-9][0-9][0-9]-of-[0-9][0-9][0-9][0-9][0-9]*.*"
+_SHARDED_NAME = re.compile(
+    re.sub(r"{(.+?)}", r"(?P<_\1>.+)", posixpath.basename(_SHARDED))  # string_to_dict's regex
+)
+_DEFAULT_PATTERN_GROUPS: tuple[dict[str, list[str]], ...] = (
+    {"logs": ["**/*.eval"]},
+    {"test": ["**/task.toml", "**/instruction.md"]},
+    _keyword_patterns(_DIRNAME_PATTERNS),
+    _keyword_patterns(_FILENAME_PATTERNS),
+    {"train": ["**"]},
+)
+_FILES_TO_IGNORE = frozenset(
+    {
+        "README.md",
+        "config.json",
+        "dataset_info.json",
+        "dataset_infos.json",
+        "dummy_data.zip",
+        "dataset_dict.json",
+    }
+)
+_SPLIT_NAME = re.compile(r"^\w+(\.\w+)*$")
+_STREAMABLE = ", ".join(sorted({*DATA_FILE_EXTENSIONS, ".tar.gz"}))
+
+
+class _NoDataFiles(Exception):
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class _Selection:
+    files: list[tuple[str, _File]]
+    config: str
+    split: str | None
+    configs: tuple[str, ...]
+    splits: dict[str, int]
+    format: str | None
+
+
+def _bad_input(message: str) -> Exception:
+    return SourceError(message)
+
+
+def _bad_card(message: str) -> Exception:
+    return ResolutionError(message)
+
+
+def _sanitize_data_files(
+    data_files: object, error: Callable[[str], Exception]
+) -> dict[str, list[str]]:
+    """``datasets.data_files.sanitize_patterns``: split -> list of patterns."""
+    forms = (
+        "data_files is a pattern, a list of patterns, a mapping split -> pattern(s), "
+        "or a list of {'split': ..., 'path': ...}"
+    )
+
+    def strings(value: object, where: str) -> list[str]:
+        if isinstance(value, str):
+            return [value]
+        if isinstance(value, (list, tuple)) and value and all(isinstance(v, str) for v in value):
+            return list(value)
+        raise error(f"{where}: expected a pattern or a non-empty list of patterns, got {value!r}")
+
+    if isinstance(data_files, str):
+        return {"train": [data_files]}
+    if isinstance(data_files, Mapping):
+        if not data_files:
+            raise error(f"data_files={data_files!r} is empty: {forms}")
+        return {str(k): strings(v, f"data_files[{k!r}]") for k, v in data_files.items()}
+    if isinstance(data_files, (list, tuple)) and data_files:
+        if any(isinstance(item, Mapping) for item in data_files):
+            out: dict[str, list[str]] = {}
+            for item in data_files:
+                if not (isinstance(item, Mapping) and set(item) == {"split", "path"}):
+                    raise error(f"data_files entry {item!r}: {forms}")
+                name = str(item["split"])
+                if name in out:
+                    raise error(f"split {name!r} appears twice in data_files")
+                out[name] = strings(item["path"], f"data_files split {name!r}")
+            return out
+        return {"train": strings(list(data_files), "data_files")}
+    raise error(f"data_files={data_files!r}: {forms}")
+
+
+def _metadata_configs(card: Mapping[str, Any] | None, repo: str) -> dict[str, dict[str, Any]]:
+    """``MetadataConfigs.from_dataset_card_data``: config name -> params, in YAML order."""
+    raw = card.get("configs") if card else None
+    if not raw:
+        return {}
+    if not isinstance(raw, list):
+        raise ResolutionError(f"{repo}: README.md YAML 'configs' must be a list, got {raw!r}")
+    out: dict[str, dict[str, Any]] = {}
+    for item in raw:
+        if not isinstance(item, dict) or "config_name" not in item:
+            raise ResolutionError(
+                f"{repo}: each README.md YAML config needs a 'config_name', got {item!r}"
+            )
+        files = item.get("data_files")
+        if files is not None:
+            _sanitize_data_files(files, lambda m: _bad_card(f"{repo}: README.md YAML: {m}"))
+            if isinstance(files, list):
+                for entry in files:
+                    if isinstance(entry, dict) and not _SPLIT_NAME.match(str(entry["split"])):
+                        raise ResolutionError(
+                            f"{repo}: README.md YAML split name {entry['split']!r} must match "
+                            f"{_SPLIT_NAME.pattern}"
+                        )
+        out[str(item["config_name"])] = {k: v for k, v in item.items() if k != "config_name"}
+    return out
+
+
+def _default_config(configs: Mapping[str, Mapping[str, Any]], repo: str) -> str | None:
+    """``MetadataConfigs.get_default_config_name``."""
+    found: str | None = None
+    for name, params in configs.items():
+        if len(configs) == 1 or name == "default" or params.get("default"):
+            if found is not None:
+                raise ResolutionError(
+                    f"{repo}: README.md YAML marks several default configs: {found!r} and {name!r}"
+                )
+            found = name
+    return found
+
+
+@functools.lru_cache(maxsize=1024)
+def _glob_regex(pattern: str) -> re.Pattern[str]:
+    """The regex fsspec's ``glob`` matches a path with (``fsspec.utils.glob_translate``).
+
+    ``*`` and ``?`` stay in one path segment, ``**`` as a whole segment crosses any
+    number of them, ``[...]`` is a character class (``[!...]`` negated).
+    """
+    parts = pattern.split("/")
+    out: list[str] = []
+    last = len(parts) - 1
+    for i, part in enumerate(parts):
+        if part == "*":
+            out.append("[^/]+/" if i < last else "[^/]+")
+            continue
+        if part == "**":
+            out.append("(?:.+/)?" if i < last else ".*")
+            continue
+        if "**" in part:
+            raise SourceError(
+                f"pattern {pattern!r}: '**' must be a whole path segment, as in 'data/**/*.parquet'"
+            )
+        out.append(_translate_segment(part))
+        if i < last:
+            out.append("/")
+    try:
+        return re.compile(rf"(?s:{''.join(out)})\Z")
+    except re.error as exc:
+        raise SourceError(f"pattern {pattern!r} is not a valid glob: {exc}") from None
+
+
+def _translate_segment(part: str) -> str:
+    out: list[str] = []
+    i, n = 0, len(part)
+    while i < n:
+        c = part[i]
+        i += 1
+        if c == "*":
+            if not out or out[-1] != "[^/]*":
+                out.append("[^/]*")
+        elif c == "?":
+            out.append("[^/]")
+        elif c == "[":
+            j = i
+            if j < n and part[j] == "!":
+                j += 1
+            if j < n and part[j] == "]":
+                j += 1
+            while j < n and part[j] != "]":
+                j += 1
+            if j >= n:
+                out.append("\\[")
+                continue
+            out.append(_char_class(part[i:j]))
+            i = j + 1
+        else:
+            out.append(re.escape(c))
+    return "".join(out)
+
+
+def _char_class(stuff: str) -> str:
+    if "-" not in stuff:
+        stuff = stuff.replace("\\", r"\\")
+    else:
+        chunks: list[str] = []
+        start = 0
+        k = 2 if stuff.startswith("!") else 1
+        while True:
+            k = stuff.find("-", k)
+            if k < 0:
+                break
+            chunks.append(stuff[start:k])
+            start = k + 1
+            k = k + 3
+        tail = stuff[start:]
+        if tail:
+            chunks.append(tail)
+        else:
+            chunks[-1] += "-"
+        for k in range(len(chunks) - 1, 0, -1):  # drop empty ranges like 'z-a'
+            if chunks[k - 1][-1] > chunks[k][0]:
+                chunks[k - 1] = chunks[k - 1][:-1] + chunks[k][1:]
+                del chunks[k]
+        stuff = "-".join(s.replace("\\", r"\\").replace("-", r"\-") for s in chunks)
+    stuff = re.sub(r"([&~|])", r"\\\1", stuff)
+    if not stuff:
+        return "(?!)"
+    if stuff == "!":
+        return "."
+    if stuff[0] == "!":
+        stuff = "^" + stuff[1:]
+    elif stuff[0] in ("^", "["):
+        stuff = "\\" + stuff
+    return f"[{stuff}]"
+
+
+@functools.lru_cache(maxsize=1024)
+def _literal_hint(pattern: str) -> str:
+    """A substring every match of ``pattern`` contains (to skip most paths cheaply)."""
+    if "[]" in pattern or "[!]" in pattern:
+        return ""
+    pieces = re.split(r"\*|\?|\[[^\]]*\]|/", pattern)
+    return max(pieces, key=len, default="") if "[" not in "".join(pieces) else ""
+
+
+def _glob_base(pattern: str) -> str:
+    """The folder above the first glob character: the tree a glob needs listed."""
+    head = re.split(r"[*?[]", pattern, maxsplit=1)[0]
+    return head.rsplit("/", 1)[0] if "/" in head else ""
+
+
+def _special_dirs(parts: Sequence[str]) -> int:
+    """Folders named ``__like_this__`` (datasets skips them unless a pattern names them)."""
+    return sum(p.startswith("__") for p in parts[:-1])
+
+
+def _hidden_parts(parts: Sequence[str]) -> int:
+    """Hidden files and folders (datasets skips them unless a pattern names them)."""
+    return sum(p.startswith(".") and set(p) != {"."} for p in parts)
+
+
+class _Tree:
+    """The files below a folder, sorted, matched by relative path as datasets does."""
+
+    def __init__(self, files: Sequence[_File], base: str) -> None:
+        prefix = f"{base}/" if base else ""
+        self.base = base
+        self.items = [(f.path[len(prefix) :], f) for f in files if f.path.startswith(prefix)]
+
+    def glob(self, pattern: str) -> list[_File]:
+        """``datasets.data_files.resolve_pattern`` without the extension filter."""
+        return list(self._matches(pattern))
+
+    def exists(self, pattern: str) -> bool:
+        return next(self._matches(pattern), None) is not None
+
+    def _matches(self, pattern: str) -> Iterator[_File]:
+        regex = _glob_regex(pattern)
+        hint = _literal_hint(pattern)
+        ignore = _FILES_TO_IGNORE - {posixpath.basename(pattern)}
+        pat_parts = [p for p in pattern.split("/") if p not in ("", ".")]
+        pat_special = _special_dirs(pat_parts)
+        pat_hidden = _hidden_parts(pat_parts)
+        for rel, f in self.items:
+            if hint and hint not in rel:
+                continue
+            if regex.match(rel) is None:
+                continue
+            if rel.rpartition("/")[2] in ignore:
+                continue
+            # Counting parts is slow: do it only for paths that may have such parts.
+            maybe_special = pat_special or "__" in rel
+            if maybe_special and _special_dirs(rel.split("/")) != pat_special:
+                continue
+            maybe_hidden = pat_hidden or rel.startswith(".") or "/." in rel
+            if maybe_hidden and _hidden_parts(rel.split("/")) != pat_hidden:
+                continue
+            yield f
+
+
+def _infer_patterns(tree: _Tree) -> dict[str, list[str]]:
+    """``datasets.data_files._get_data_files_patterns``."""
+    sharded = tree.glob(_SHARDED.replace("{split}", "*"))
+    if sharded:
+        found: set[str] = set()
+        for f in sharded:
+            match = _SHARDED_NAME.search(posixpath.basename(f.path))
+            assert match is not None
+            found.add(match.group(1))
+        bad = sorted(s for s in found if not _SPLIT_NAME.match(s))
+        if bad:
+            raise ResolutionError(
+                f"shard names in data/ give split names {bad} that do not match "
+                f"{_SPLIT_NAME.pattern}: rename the files or declare configs in README.md"
+            )
+        ordered = [s for s in _DEFAULT_SPLITS if s in found] + sorted(found - {*_DEFAULT_SPLITS})
+        return {s: [_SHARDED.format(split=s)] for s in ordered}
+    for group in _DEFAULT_PATTERN_GROUPS:
+        splits = {s: patterns for s, patterns in group.items() if any(map(tree.exists, patterns))}
+        if splits:
+            return splits
+    raise _NoDataFiles
+
+
+def _is_streamable(path: str) -> bool:
+    return any(f".{s}" in DATA_FILE_EXTENSIONS for s in posixpath.basename(path).split(".")[1:])
+
+
+def _format_of(paths: Sequence[str]) -> str | None:
+    """``datasets.load.infer_module_for_data_files_list`` over our formats."""
+    counts = Counter(f".{s.lower()}" for p in paths for s in posixpath.basename(p).split(".")[1:])
+    ranked = sorted(
+        counts.items(), key=lambda kv: (kv[1], kv[0] == ".parquet", kv[0]), reverse=True
+    )
+    for ext, _ in ranked:
+        if ext in DATA_FILE_EXTENSIONS:
+            return DATA_FILE_EXTENSIONS[ext]
+    return None
+
+
+def _common_format(paths: Sequence[str]) -> str | None:
+    streamable = [p for p in paths if _is_streamable(p)]
+    fmt = _format_of(streamable)
+    if fmt is None or any(_format_of([p]) != fmt for p in paths):
+        return None
+    return fmt
+
+
+def _in_format(path: str, fmt: str) -> bool:
+    return any(
+        DATA_FILE_EXTENSIONS.get(f".{s}") == fmt for s in posixpath.basename(path).split(".")[1:]
+    )
+
+
+def _select(
+    tree_files: Sequence[_File],
+    card: Mapping[str, Any] | None,
+    where: _Where,
+    *,
+    path: str | None,
+    config: str | None,
+    split: str | None,
+    data_files: dict[str, list[str]] | None,
+) -> _Selection:
+    """Which files of the tree a (path, config, split, data_files) means."""
+    repo = where.repo
+    inferred = False
+    configs: tuple[str, ...] = ("default",)
+    if path is not None and (has_glob(path) or any(f.path == path for f in tree_files)):
+        # A glob or one file: all in "train", as load_dataset("parquet", data_files=...) does.
+        if data_files is not None:
+            raise SourceError(
+                f"data_files= cannot narrow {where.label}/{path}, which names files already: "
+                "put the pattern in one of them only"
+            )
+        if config not in (None, "default"):
+            raise ConfigNotFoundError(
+                f"no config {config!r} in {where.label}/{path}: a path has one config, 'default'"
+            )
+        name = "default"
+        tree = _Tree(tree_files, "")
+        patterns = {"train": [path]}
+    elif path is not None:
+        # A folder: like load_dataset(repo, data_dir=path).
+        if not any(f.path.startswith(f"{path}/") for f in tree_files):
+            raise EntryNotFoundError(f"{path!r} not found in {where.label}")
+        if config not in (None, "default"):
+            raise ConfigNotFoundError(
+                f"no config {config!r} in {where.label}/{path}: a folder has one config, 'default'"
+            )
+        name = "default"
+        tree = _Tree(tree_files, path)
+        patterns = data_files or {}
+        inferred = data_files is None
+    else:
+        metadata = _metadata_configs(card, repo)
+        if metadata:
+            configs = tuple(metadata)
+        if config is not None and config not in configs:
+            raise ConfigNotFoundError(
+                f"no config {config!r} in {repo}: configs are {', '.join(sorted(configs))}"
+            )
+        default = _default_config(metadata, repo) if metadata else "default"
+        if config is None and default is None:
+            raise ConfigNotFoundError(
+                f"{repo} has several configs and none is the default: pass config= one of "
+                f"{', '.join(sorted(configs))}"
+            )
+        name = config or default or "default"
+        params = metadata.get(name, {})
+        data_dir = str(params.get("data_dir") or "").strip("/")
+        if data_files is not None:
+            tree = _Tree(tree_files, "")
+            patterns = data_files
+        else:
+            tree = _Tree(tree_files, data_dir)
+            if params.get("data_files") is not None:
+                patterns = _sanitize_data_files(params["data_files"], _bad_card)
+            else:
+                inferred = True
+                patterns = {}
+    if inferred:
+        try:
+            patterns = _infer_patterns(tree)
+        except _NoDataFiles:
+            raise ResolutionError(
+                f"no data files in {where.label}" + (f"/{tree.base}" if tree.base else "")
+            ) from None
+
+    matched: dict[str, list[_File]] = {}
+    for split_name, split_patterns in patterns.items():
+        seen: set[str] = set()
+        files: list[_File] = []
+        for pattern in split_patterns:
+            found = tree.glob(pattern)
+            if not found and not has_glob(pattern):
+                raise EntryNotFoundError(
+                    f"{_join(tree.base, pattern)!r} not found in {where.label}"
+                )
+            for f in found:
+                if f.path not in seen:  # datasets would read a file twice; we read it once
+                    seen.add(f.path)
+                    files.append(f)
+        matched[split_name] = files
+
+    candidates = {s: [f for f in fs if _is_streamable(f.path)] for s, fs in matched.items()}
+    formats = {s: _format_of([f.path for f in fs]) for s, fs in candidates.items() if fs}
+    if len(set(formats.values())) > 1:
+        described = ", ".join(f"{s}: {fmt}" for s, fmt in formats.items())
+        raise ResolutionError(
+            f"the splits of {repo} (config {name!r}) hold different formats ({described}): "
+            "choose files with data_files="
+        )
+    fmt = next(iter(formats.values()), None)
+    chosen = {
+        s: [f for f in fs if fmt is not None and _in_format(f.path, fmt)]
+        for s, fs in candidates.items()
+    }
+    if inferred:
+        chosen = {s: fs for s, fs in chosen.items() if fs}
+        if not chosen:
+            found_any = [f.path for fs in matched.values() for f in fs][:3]
+            raise ResolutionError(
+                f"no data files that aiostream-hf streams ({_STREAMABLE}) in {where.label}"
+                + (f"/{tree.base}" if tree.base else "")
+                + (f"; it has {', '.join(found_any)}" if found_any else "")
+            )
+
+    if split is not None and split not in chosen:
+        where_config = "" if name == "default" else f" (config {name!r})"
+        raise SplitNotFoundError(
+            f"no split {split!r} in {repo}{where_config}: splits are {', '.join(sorted(chosen))}"
+        )
+    selected = [split] if split is not None else list(chosen)
+    for s in selected:
+        if not chosen[s]:
+            if not matched[s]:
+                shown = ", ".join(repr(_join(tree.base, p)) for p in patterns[s])
+                raise EntryNotFoundError(f"no file in {where.label} matches {shown}")
+            raise ResolutionError(
+                f"split {s!r} of {repo} matches {len(matched[s])} files but none that "
+                f"aiostream-hf streams ({_STREAMABLE}), e.g. {matched[s][0].path!r}"
+            )
+    return _Selection(
+        files=[(s, f) for s in selected for f in chosen[s]],
+        config=name,
+        split=selected[0] if len(selected) == 1 else None,
+        configs=configs,
+        splits={s: len(fs) for s, fs in chosen.items()},
+        format=fmt,
+    )
+
+
+def _join(base: str, pattern: str) -> str:
+    return f"{base}/{pattern}" if base else pattern

@@ -22,7 +22,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         required = os.environ.get("AIOSTREAM_REQUIRE_TORCH") == "1"
         needing = [item for item in items if item.get_closest_marker("torch") is not None]
         if needing and required:
-            raise pytest.UsageError(f"{len(needing)} tests {reason}, and CI requires them")
+            raise pytest.UsageError(f"{len(needing)} tests {reason}, and CI requires them") from exc
         for item in needing:
             item.add_marker(pytest.mark.skip(reason=reason))
 

@@ -11,6 +11,7 @@ import threading
 from collections.abc import AsyncIterator
 
 import anyio
+import anyio.lowlevel
 import pytest
 
 from aiostream_hf import _bridge
@@ -24,7 +25,7 @@ def test_items_arrive_in_order_on_one_shared_thread() -> None:
     async def numbers(n: int) -> AsyncIterator[int]:
         for i in range(n):
             if i % 100 == 0:
-                await anyio.sleep(0)
+                await anyio.lowlevel.checkpoint()
             yield i
 
     assert list(_bridge.iterate(lambda: numbers(5000), buffer=64)) == list(range(5000))
@@ -78,7 +79,7 @@ def test_close_is_idempotent_and_stops_iteration() -> None:
     async def endless() -> AsyncIterator[int]:
         while True:
             yield 0
-            await anyio.sleep(0)
+            await anyio.lowlevel.checkpoint()
 
     it = _bridge.SyncIterator(endless, buffer=4)
     assert next(it) == 0
@@ -164,6 +165,8 @@ def test_the_interpreter_exits_with_a_producer_still_running() -> None:
         print("leaving", flush=True)
         """
     )
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=30)
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=30
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "leaving"

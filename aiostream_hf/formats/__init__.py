@@ -105,16 +105,16 @@ def decoder_for(file: FileRef, format: str | None = None) -> Decoder[Any]:
     """The decoder named by ``format``, else the one whose extension the file has."""
     _load_builtins()
     if format is not None:
-        try:
-            return _REGISTRY[format]
-        except KeyError:
+        found = _REGISTRY.get(format)
+        if found is None:
             raise SourceError(
                 f"unknown format {format!r}: known formats are {', '.join(sorted(_REGISTRY))}"
-            ) from None
+            )
+        return found
     name = file.path.lower().split("?", 1)[0]
-    for decoder in reversed(list(_REGISTRY.values())):
-        if name.endswith(decoder.extensions):
-            return decoder
+    matching = [d for d in _REGISTRY.values() if name.endswith(d.extensions)]
+    if matching:
+        return matching[-1]  # the latest registration wins
     raise SourceError(
         f"cannot tell the format of {file.path!r} from its name: pass format= "
         f"(one of {', '.join(sorted(_REGISTRY))})"

@@ -564,5 +564,6 @@ class ParquetDecoder(Decoder[ParquetUnit]):
     def decode(
         self, unit: ParquetUnit, fetched: dict[tuple[int, int], bytes], request: ReadRequest
     ) -> pa.Table:
-        assert unit.footer is not None and unit.plan is not None
+        assert unit.footer is not None
+        assert unit.plan is not None
         return decode_row_group(unit.footer, unit.plan, fetched, filter=request.filter)

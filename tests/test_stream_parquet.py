@@ -1,0 +1,296 @@
+"""stream() over Parquet through the local Hub server: rows, economy, faults, errors."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import pytest
+
+import aiostream_hf as ash
+from aiostream_hf.testing import (
+    Faults,
+    HubServer,
+    RateLimits,
+    make_repo,
+    make_repo_split_naming,
+    make_repo_yaml_configs,
+    make_text_parquet,
+)
+
+pytestmark = pytest.mark.anyio
+
+FAST = dict(backoff_base=0.001, backoff_max=0.01)
+
+
+def _options(tmp_path: Path, **kw: Any) -> ash.StreamOptions:
+    return ash.StreamOptions(cache_dir=tmp_path / "cache", **{**FAST, **kw})
+
+
+async def _collect(s: ash.Stream) -> list[Any]:
+    async with s:
+        return [row async for row in s]
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Path:
+    r = tmp_path / "hub"
+    r.mkdir()
+    return r
+
+
+def _corpus(folder: Path) -> dict[str, Path]:
+    """Parquet variants: compressions, dictionary, page versions, nested, decimals, sizes."""
+    folder.mkdir(parents=True, exist_ok=True)
+    n = 300
+    table = pa.table(
+        {
+            "id": pa.array(range(n), pa.int64()),
+            "text": pa.array([f"row {i} " * (i % 7) for i in range(n)], pa.large_string()),
+            "blob": pa.array([bytes([i % 256]) * (i % 13) for i in range(n)], pa.large_binary()),
+            "tags": pa.array([[f"t{j}" for j in range(i % 4)] for i in range(n)]),
+            "point": pa.array([{"x": i, "y": float(i) / 3} for i in range(n)]),
+            "attrs": pa.array([[("k", i)] for i in range(n)], pa.map_(pa.string(), pa.int64())),
+            "ts": pa.array(range(n), pa.timestamp("us", tz="UTC")),
+            "price": pa.array([i * 1.25 for i in range(n)]).cast(pa.decimal128(12, 2)),
+        }
+    )
+    files: dict[str, Path] = {}
+    for codec in ("none", "snappy", "gzip", "brotli", "zstd", "lz4"):
+        if codec != "none" and not pa.Codec.is_available(codec):
+            continue
+        p = folder / f"{codec}.parquet"
+        pq.write_table(table, p, compression=codec, row_group_size=64)
+        files[codec] = p
+    variants: dict[str, dict[str, Any]] = {
+        "nodict-v2": dict(use_dictionary=False, data_page_version="2.0", row_group_size=100),
+        "dict-v1": dict(use_dictionary=True, data_page_version="1.0", row_group_size=1),
+        "one-group": dict(row_group_size=100_000),
+    }
+    for name, kw in variants.items():
+        p = folder / f"{name}.parquet"
+        pq.write_table(table.slice(0, 120) if name == "dict-v1" else table, p, **kw)
+        files[name] = p
+    empty = folder / "empty.parquet"
+    pq.write_table(table.slice(0, 0), empty)
+    files["empty"] = empty
+    big = folder / "big-groups.parquet"
+    make_text_parquet(big, rows=100_000, row_group_size=100_000, min_text=5, max_text=20)
+    files["big-groups"] = big
+    return files
+
+
+async def test_rows_equal_pyarrow_local_reads_for_a_corpus_of_variants(
+    root: Path, tmp_path: Path
+) -> None:
+    repo = make_repo(root, "org/corpus", {"README.md": "# corpus\n"})
+    files = _corpus(repo / "variants")
+    with HubServer(root) as hub:
+        for name, path in files.items():
+            source = f"hf://datasets/org/corpus/variants/{path.name}"
+            opts = _options(tmp_path)
+            got = await _collect(ash.stream(source, endpoint=hub.endpoint, options=opts))
+            assert got == pq.read_table(path).to_pylist(), name
+            if name == "snappy":
+                cols = ["id", "point"]
+                s = ash.stream(source, endpoint=hub.endpoint, options=opts, columns=cols)
+                assert await _collect(s) == pq.read_table(path, columns=cols).to_pylist()
+                arrow = ash.stream(source, endpoint=hub.endpoint, options=opts, output="arrow")
+                batches = await _collect(arrow)
+                assert all(isinstance(b, pa.RecordBatch) for b in batches)
+                assert pa.Table.from_batches(batches).equals(pq.read_table(path))
+
+
+async def test_splits_configs_and_data_files(root: Path, tmp_path: Path) -> None:
+    naming = make_repo_split_naming(root)["default"]
+    configs = make_repo_yaml_configs(root)
+    with HubServer(root) as hub:
+        kw: dict[str, Any] = dict(endpoint=hub.endpoint, options=_options(tmp_path))
+        for split in ("train", "test"):
+            got = await _collect(ash.stream("hf://datasets/org/split-naming", split=split, **kw))
+            assert got == naming[split].to_pylist()
+        fr = await _collect(
+            ash.stream("hf://datasets/org/yaml-configs", config="fr", split="train", **kw)
+        )
+        assert fr == configs["fr"]["train"].to_pylist()
+        explicit = await _collect(
+            ash.stream(
+                "hf://datasets/org/split-naming",
+                data_files={"validation": "data/test-*.parquet"},
+                split="validation",
+                **kw,
+            )
+        )
+        assert explicit == naming["test"].to_pylist()
+
+
+async def test_streaming_a_file_costs_one_resolver_request(root: Path, tmp_path: Path) -> None:
+    repo = make_repo(root, "org/one", {})
+    table = make_text_parquet(repo / "data" / "train.parquet", rows=2000, row_group_size=100)
+    with HubServer(root) as hub:
+        opts = _options(tmp_path, coalesce_gap=0)
+        s = ash.stream("hf://datasets/org/one", endpoint=hub.endpoint, options=opts)
+        rows = await _collect(s)
+        stats = hub.stats()
+    assert rows == table.to_pylist()
+    assert stats.by_bucket["resolvers"] == 1
+    assert stats.by_bucket["cdn"] >= 20  # footer + one read per row group
+    assert stats.by_bucket["api"] == 2  # pin + tree
+
+
+async def test_thirty_two_concurrent_streams_resolve_once(root: Path, tmp_path: Path) -> None:
+    import anyio
+
+    make_repo_split_naming(root)
+    with HubServer(root) as hub:
+        opts = _options(tmp_path)
+        counts: list[int] = []
+
+        async def one() -> None:
+            s = ash.stream(
+                "hf://datasets/org/split-naming", split="train", endpoint=hub.endpoint, options=opts
+            )
+            counts.append(len(await _collect(s)))
+
+        async with anyio.create_task_group() as tg:
+            for _ in range(32):
+                tg.start_soon(one)
+        stats = hub.stats()
+    assert counts == [100] * 32
+    assert stats.by_endpoint["dataset_info"] == 1
+    assert stats.by_endpoint["tree"] == 1
+
+
+async def test_every_row_exactly_once_under_cuts_and_503s(root: Path, tmp_path: Path) -> None:
+    repo = make_repo(root, "org/faulty", {})
+    expected: list[dict[str, Any]] = []
+    for i in range(4):
+        t = make_text_parquet(
+            repo / "data" / f"train-{i:05d}-of-00004.parquet",
+            rows=500,
+            row_group_size=50,
+            start_id=i * 500,
+            seed=i,
+        )
+        expected += t.to_pylist()
+    faults = Faults(cut_rate=0.05, error_rate=0.02, targets=("cdn", "resolvers"), seed=3)
+    with HubServer(root, faults=faults) as hub:
+        opts = _options(tmp_path, coalesce_gap=0)
+        rows = await _collect(
+            ash.stream("hf://datasets/org/faulty", endpoint=hub.endpoint, options=opts)
+        )
+        stats = hub.stats()
+    assert [r["id"] for r in rows] == [r["id"] for r in expected]
+    assert rows == expected
+    assert stats.faults.get("cut", 0) + stats.faults.get("error", 0) > 0
+
+
+async def test_a_resolvers_quota_is_waited_out(root: Path, tmp_path: Path) -> None:
+    repo = make_repo(root, "org/quota", {})
+    expected = []
+    for i in range(6):
+        expected += make_text_parquet(
+            repo / f"part-{i}.parquet", rows=20, start_id=i * 20, min_text=5, max_text=10
+        ).to_pylist()
+    with HubServer(root, rate_limits=RateLimits(resolvers=2, window_s=1)) as hub:
+        opts = _options(tmp_path, max_concurrency=4)
+        rows = await _collect(
+            ash.stream("hf://datasets/org/quota", endpoint=hub.endpoint, options=opts)
+        )
+        stats = hub.stats()
+    assert sorted(r["id"] for r in rows) == [r["id"] for r in expected]
+    assert stats.throttled >= 1
+    assert stats.by_bucket["resolvers"] - stats.throttled == 6
+
+
+async def test_columns_filter_batches_shuffle_and_ranks(root: Path, tmp_path: Path) -> None:
+    repo = make_repo(root, "org/ops", {})
+    tables = [
+        make_text_parquet(
+            repo / f"train-{i}.parquet",
+            rows=200,
+            row_group_size=20,
+            start_id=i * 200,
+            seed=i,
+            min_text=5,
+            max_text=10,
+        )
+        for i in range(3)
+    ]
+    full = pa.concat_tables(tables)
+    with HubServer(root) as hub:
+        kw: dict[str, Any] = dict(endpoint=hub.endpoint, options=_options(tmp_path))
+        src = "hf://datasets/org/ops"
+        flt = pc.field("id") >= 450
+        got = await _collect(ash.stream(src, filter=flt, columns=["id"], **kw))
+        assert got == [{"id": i} for i in range(450, 600)]
+        batches = await _collect(ash.stream(src, batch_size=128, columns=["id", "score"], **kw))
+        assert [len(b["id"]) for b in batches] == [128] * 4 + [88]
+        assert sum((b["id"] for b in batches), []) == list(range(600))
+        a = await _collect(ash.stream(src, shuffle=50, seed=1, **kw))
+        b = await _collect(ash.stream(src, shuffle=50, seed=1, **kw))
+        c = await _collect(ash.stream(src, shuffle=50, seed=2, **kw))
+        assert a == b != c
+        assert sorted(r["id"] for r in a) == list(range(600))
+        assert a != full.to_pylist()
+        for world in (2, 5):  # 5 > 3 files: ranks split row groups instead
+            shares = [
+                [r["id"] for r in await _collect(ash.stream(src, rank=k, world_size=world, **kw))]
+                for k in range(world)
+            ]
+            assert sorted(sum(shares, [])) == list(range(600))
+            assert all(shares)
+
+
+async def test_clear_errors_for_bad_input(root: Path, tmp_path: Path) -> None:
+    make_repo_split_naming(root)
+    make_repo(root, "org/private", {"data.parquet": b"x"})
+    make_repo(root, "org/notparquet", {"data/train.parquet": b"this is not parquet" * 10})
+    with HubServer(root, private={"org/private": ["tok"]}) as hub:
+        kw: dict[str, Any] = dict(endpoint=hub.endpoint, options=_options(tmp_path))
+        with pytest.raises(ash.RepoNotFoundError, match="org/missing"):
+            await _collect(ash.stream("hf://datasets/org/missing", **kw))
+        with pytest.raises(ash.RevisionNotFoundError, match="nope"):
+            await _collect(ash.stream("hf://datasets/org/split-naming@nope", **kw))
+        with pytest.raises(ash.SplitNotFoundError, match="tain.*test, train"):
+            await _collect(ash.stream("hf://datasets/org/split-naming", split="tain", **kw))
+        with pytest.raises(ash.ConfigNotFoundError, match="klingon"):
+            await _collect(ash.stream("hf://datasets/org/split-naming", config="klingon", **kw))
+        with pytest.raises(ash.RepoNotFoundError, match="org/private"):
+            await _collect(ash.stream("hf://datasets/org/private", **kw))
+        with pytest.raises(ash.DecodeError, match="data/train.parquet"):
+            await _collect(ash.stream("hf://datasets/org/notparquet", **kw))
+        with pytest.raises(ash.SourceError, match="s3://"):
+            ash.stream("s3://bucket/x.parquet")
+        with pytest.raises(ash.SourceError, match="batch_size"):
+            ash.stream("hf://datasets/org/split-naming", batch_size=0)
+        hub.set_faults(error_every=1, targets=("cdn",))
+        opts = _options(tmp_path, max_retries=2)
+        with pytest.raises(ash.RetriesExhaustedError, match="503.*3 attempts|3 attempts.*503"):
+            await _collect(
+                ash.stream("hf://datasets/org/split-naming", endpoint=hub.endpoint, options=opts)
+            )
+
+
+def _ids(rows: Sequence[dict[str, Any]]) -> list[int]:
+    return [r["id"] for r in rows]
+
+
+async def test_local_files_and_statistics(tmp_path: Path) -> None:
+    path = tmp_path / "local.parquet"
+    table = make_text_parquet(path, rows=100, row_group_size=10, min_text=5, max_text=10)
+    s = ash.stream(os.fspath(path), options=_options(tmp_path))
+    rows = await _collect(s)
+    stats = s.statistics()
+    assert _ids(rows) == _ids(table.to_pylist())
+    assert stats.samples == 100
+    assert stats.units == 10
+    assert stats.time_to_first_sample is not None
+    with pytest.raises(ash.ClosedResourceError):
+        async for _ in s:
+            pass
