@@ -19,6 +19,8 @@ from ._exceptions import RevisionNotFoundError as RevisionNotFoundError
 from ._exceptions import SourceError as SourceError
 from ._exceptions import SplitNotFoundError as SplitNotFoundError
 from ._options import StreamOptions as StreamOptions
+from ._resolver import FileRef as FileRef
+from ._resolver import Manifest as Manifest
 from ._stream import Stream as Stream
 from ._stream import StreamStatistics as StreamStatistics
 from ._stream import stream as stream
@@ -31,9 +33,11 @@ __all__ = [
     "EntryNotFoundError",
     "FetchError",
     "FileChangedError",
+    "FileRef",
     "FrameTimestampError",
     "GatedRepoError",
     "HubServerError",
+    "Manifest",
     "RangeMismatchError",
     "RepoNotFoundError",
     "ResolutionError",

@@ -65,25 +65,25 @@ class Unit:
     num_rows: int | None = None
 
 
-U = TypeVar("U", bound=Unit)
+_U = TypeVar("_U", bound=Unit)
 
 
-class Decoder(ABC, Generic[U]):
+class Decoder(ABC, Generic[_U]):
     """A format: plans units of a file, fetches their bytes, decodes them."""
 
     name: ClassVar[str]
     extensions: ClassVar[tuple[str, ...]]
 
     @abstractmethod
-    async def plan(self, file: FileRef, source: ByteSource, request: ReadRequest) -> list[U]:
+    async def plan(self, file: FileRef, source: ByteSource, request: ReadRequest) -> list[_U]:
         """The file's decode units, in order (reads the file's index if it has one)."""
 
     @abstractmethod
-    async def fetch(self, unit: U, source: ByteSource) -> Any:
+    async def fetch(self, unit: _U, source: ByteSource) -> Any:
         """The bytes of one unit."""
 
     @abstractmethod
-    def decode(self, unit: U, fetched: Any, request: ReadRequest) -> pa.Table:
+    def decode(self, unit: _U, fetched: Any, request: ReadRequest) -> pa.Table:
         """Turn a unit's bytes into rows. Synchronous and pure: runs in a worker thread."""
 
 
