@@ -206,6 +206,9 @@ async def test_a_resolvers_quota_is_waited_out(root: Path, tmp_path: Path) -> No
     assert sorted(r["id"] for r in rows) == [r["id"] for r in expected]
     assert stats.throttled >= 1
     assert stats.by_bucket["resolvers"] - stats.throttled == 6
+    # 6 files at 2 per window need 3 windows; after a 429 the host pauses, so at most
+    # max_concurrency 429s per window (with one window of slack for the boundary).
+    assert stats.throttled <= 4 * 4
 
 
 async def test_columns_filter_batches_shuffle_and_ranks(root: Path, tmp_path: Path) -> None:
@@ -294,3 +297,37 @@ async def test_local_files_and_statistics(tmp_path: Path) -> None:
     with pytest.raises(ash.ClosedResourceError):
         async for _ in s:
             pass
+
+
+async def test_plain_http_urls_with_brace_expansion(root: Path, tmp_path: Path) -> None:
+    repo = make_repo(root, "org/http", {})
+    tables = [
+        make_text_parquet(
+            repo / f"part-{i}.parquet", rows=30, start_id=i * 30, seed=i, min_text=5, max_text=10
+        )
+        for i in range(3)
+    ]
+    with HubServer(root) as hub:
+        url = hub.url("org/http", "part-{0..2}.parquet").replace("%7B", "{").replace("%7D", "}")
+        rows = await _collect(ash.stream(url, options=_options(tmp_path)))
+        stats = hub.stats()
+    assert rows == pa.concat_tables(tables).to_pylist()
+    assert stats.by_bucket.get("api", 0) == 0  # plain URLs need no Hub API
+
+
+def test_sync_iteration_and_break(tmp_path: Path) -> None:
+    import threading
+
+    path = tmp_path / "local.parquet"
+    table = make_text_parquet(path, rows=500, row_group_size=50, min_text=5, max_text=10)
+    s = ash.stream(os.fspath(path), options=_options(tmp_path))
+    assert [r["id"] for r in s] == [r["id"] for r in table.to_pylist()]
+    threads = threading.active_count()
+    with ash.stream(os.fspath(path), options=_options(tmp_path), batch_size=10) as s2:
+        for i, batch in enumerate(s2):
+            assert len(batch["id"]) == 10
+            if i == 2:
+                break
+    assert threading.active_count() == threads
+    with pytest.raises(ash.ClosedResourceError):
+        iter(s2)
