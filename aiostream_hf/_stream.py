@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import random
 import time
+from collections import deque
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from functools import partial
@@ -23,6 +24,7 @@ from typing import Any, Literal
 import anyio
 import anyio.to_thread
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from ._bridge import SyncIterator
 from ._exceptions import ClosedResourceError, SourceError
@@ -37,6 +39,7 @@ __all__ = ["Stream", "StreamStatistics", "stream"]
 
 Output = Literal["python", "arrow"]
 _PLAN_COST = 64 * 1024  # bytes a file's plan (its footer or index read) holds
+_STATE_VERSION = 1
 
 
 @dataclass(frozen=True)
@@ -153,7 +156,7 @@ class Stream:
             raise SourceError(f"shuffle={shuffle!r}: use True, False, or a buffer size >= 1")
         if columns is not None and (isinstance(columns, str) or not columns):
             raise SourceError(f"columns={columns!r}: give a non-empty list of column names")
-        if filter is not None and not isinstance(filter, pa.compute.Expression):
+        if filter is not None and not isinstance(filter, pc.Expression):
             raise SourceError(
                 f"filter={filter!r}: give a pyarrow.compute expression, "
                 "e.g. pyarrow.compute.field('score') > 0.5"
@@ -185,6 +188,11 @@ class Stream:
         self._files = 0
         self._units = 0
         self._first_sample: float | None = None
+        self._resume: dict[str, Any] | None = None
+        self._cursor: dict[str, Any] | None = None
+        self._files_order: list[FileRef] | None = None
+        self._buffer: list[Any] = []
+        self._rng: random.Random | None = None
 
     # -- lifecycle -----------------------------------------------------------
 
@@ -202,9 +210,10 @@ class Stream:
         """Stop every iteration of this stream and release its connections."""
         self._closed = True
         iterators, self._iterators = self._iterators, []
-        with anyio.CancelScope(shield=True):
-            for it in iterators:
-                await it.aclose()  # type: ignore[attr-defined]
+        # Not shielded: an iteration left at a ``yield`` still has its task group's
+        # cancel scope open on this task, and must close it from here, innermost first.
+        for it in iterators:
+            await it.aclose()  # type: ignore[attr-defined]
 
     def __aiter__(self) -> AsyncIterator[Any]:
         if self._closed:
@@ -260,6 +269,49 @@ class Stream:
             max_prefetched_bytes=prefetch.max_held_bytes if prefetch else 0,
         )
 
+    # -- resume --------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """The exact position of this stream: load it into a new stream to go on from here.
+
+        Positions are (file, unit, row) in this rank's file order, plus the
+        shuffle buffer's samples and RNG state, so a resume re-reads no sample
+        already delivered (only the rest of the unit it stopped in).
+        """
+        return {
+            "version": _STATE_VERSION,
+            "epoch": self._epoch,
+            "seed": self._seed,
+            "rank": self._rank,
+            "world_size": self._world_size,
+            "files": len(self._files_order) if self._files_order is not None else None,
+            "cursor": dict(self._cursor) if self._cursor is not None else None,
+            "buffer": list(self._buffer),
+            "rng": self._rng.getstate() if self._rng is not None else None,
+            "samples": self._samples,
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Continue, on the next iteration, exactly where ``state`` was taken."""
+        if state.get("version") != _STATE_VERSION:
+            raise SourceError(
+                f"state version {state.get('version')!r} is not {_STATE_VERSION}: "
+                "it was saved by another version of aiostream-hf"
+            )
+        for key, mine in (
+            ("seed", self._seed),
+            ("rank", self._rank),
+            ("world_size", self._world_size),
+        ):
+            if state[key] != mine:
+                raise SourceError(
+                    f"state was saved with {key}={state[key]!r} but this stream has "
+                    f"{key}={mine!r}: resume with the same arguments"
+                )
+        self._epoch = int(state["epoch"])
+        self._resume = dict(state)
+        self._samples = int(state.get("samples", 0))
+
     # -- the pipeline --------------------------------------------------------
 
     def _order(self, files: Sequence[FileRef]) -> list[FileRef]:
@@ -271,6 +323,7 @@ class Stream:
     async def _iterate(self) -> AsyncIterator[Any]:
         started = time.monotonic()
         opts = self._options
+        resume, self._resume = self._resume, None
         async with (
             Resolver(options=opts) as resolver,
             RangeFetcher(opts, token=self._token, endpoint=self._endpoint) as fetcher,
@@ -291,23 +344,51 @@ class Stream:
             by_file = len(files) >= self._world_size
             if by_file:
                 files = files[self._rank :: self._world_size]
+            self._files_order = files
+            cursor = resume.get("cursor") if resume else None
+            if resume is not None and resume.get("files") not in (None, len(files)):
+                raise SourceError(
+                    f"state was saved over {resume['files']} files but the source now has "
+                    f"{len(files)} for this rank: the dataset changed; start a new epoch"
+                )
+            self._rng = random.Random(f"{self._seed}:{self._epoch}:samples")
+            self._buffer = []
+            if resume is not None:
+                if resume.get("rng") is not None:
+                    self._rng.setstate(_as_rng_state(resume["rng"]))
+                self._buffer = list(resume.get("buffer") or [])
+            first_file = cursor["file"] if cursor else 0
+            self._cursor = dict(cursor) if cursor else None
             decoders = {f.url: decoder_for(f, self._format) for f in files}
 
-            async def plan_jobs() -> AsyncIterator[Job[list[Unit]]]:
-                for f in files:
-                    run = partial(decoders[f.url].plan, f, fetcher, self._request)
+            async def plan_jobs() -> AsyncIterator[Job[tuple[int, list[Unit]]]]:
+                for pos in range(first_file, len(files)):
+                    f = files[pos]
+                    run = partial(self._plan, decoders[f.url], f, fetcher, pos)
                     yield Job(_PLAN_COST, run)
 
-            async def unit_jobs(planned: Prefetcher[list[Unit]]) -> AsyncIterator[Job[Any]]:
-                n = 0
-                async for units in planned:
+            async def unit_jobs(
+                planned: Prefetcher[tuple[int, list[Unit]]],
+            ) -> AsyncIterator[Job[Any]]:
+                seq = cursor["file_seq"] if cursor else 0
+                async for pos, units in planned:
                     self._files += 1
+                    file_seq = seq
                     for unit in units:
-                        n += 1
-                        if not by_file and (n - 1) % self._world_size != self._rank:
+                        seq += 1
+                        if not by_file and (seq - 1) % self._world_size != self._rank:
                             continue
+                        skip = 0
+                        if cursor is not None and pos == cursor["file"]:
+                            if unit.index < cursor["unit"]:
+                                continue
+                            if unit.index == cursor["unit"]:
+                                if cursor["done"]:
+                                    continue
+                                skip = cursor["row"]
+                        tag = _Tag(pos, unit.index, file_seq, skip)
                         decoder = decoders[unit.file.url]
-                        yield Job(unit.cost, partial(self._load, decoder, unit, fetcher))
+                        yield Job(unit.cost, partial(self._load, decoder, unit, fetcher, tag))
 
             plan_ahead = Prefetcher(plan_jobs(), max_count=opts.prefetch_count, max_bytes=1 << 62)
             async with plan_ahead:
@@ -322,64 +403,128 @@ class Stream:
                         if self._first_sample is None:
                             self._first_sample = time.monotonic() - started
                         yield out
+            self._cursor = {"file": len(files), "unit": 0, "row": 0, "done": True, "file_seq": 0}
 
-    async def _load(self, decoder: Decoder[Any], unit: Unit, source: ByteSource) -> Any:
+    async def _plan(
+        self, decoder: Decoder[Any], file: FileRef, source: ByteSource, pos: int
+    ) -> tuple[int, list[Unit]]:
+        return pos, await decoder.plan(file, source, self._request)
+
+    async def _load(
+        self, decoder: Decoder[Any], unit: Unit, source: ByteSource, tag: _Tag
+    ) -> tuple[_Tag, Any]:
         fetched = await decoder.fetch(unit, source)
-        return await anyio.to_thread.run_sync(self._decode, decoder, unit, fetched)
+        return tag, await anyio.to_thread.run_sync(self._decode, decoder, unit, fetched, tag)
 
-    def _decode(self, decoder: Decoder[Any], unit: Unit, fetched: Any) -> Any:
+    def _decode(self, decoder: Decoder[Any], unit: Unit, fetched: Any, tag: _Tag) -> Any:
         table = decoder.decode(unit, fetched, self._request)
         if self._shuffle_buffer and self._output == "arrow" and table.num_rows > 1:
             rng = random.Random(f"{self._seed}:{self._epoch}:{unit.file.url}:{unit.index}")
             order = list(range(table.num_rows))
             rng.shuffle(order)
             table = table.take(order)
+        if tag.offset:
+            table = table.slice(tag.offset)
         if self._output == "python" and self._batch_size is None:
             return table.to_pylist()
         return table
 
-    async def _shape(self, loaded: Prefetcher[Any]) -> AsyncIterator[Any]:
-        if self._output == "arrow":
-            async for table in loaded:
+    def _advance(self, tag: _Tag, rows: int, done: bool) -> None:
+        self._cursor = {
+            "file": tag.file,
+            "unit": tag.unit,
+            "row": tag.offset + rows,
+            "done": done,
+            "file_seq": tag.file_seq,
+        }
+
+    async def _shape(self, loaded: Prefetcher[tuple[_Tag, Any]]) -> AsyncIterator[Any]:
+        if self._output == "arrow" and self._batch_size is None:
+            async for tag, table in loaded:
                 self._units += 1
-                for batch in _batches(table, self._batch_size):
+                done_rows = 0
+                batches = list(_batches(table))
+                for i, batch in enumerate(batches):
+                    done_rows += batch.num_rows
+                    self._advance(tag, done_rows, i == len(batches) - 1)
                     self._samples += batch.num_rows
                     yield batch
+                if not batches:
+                    self._advance(tag, 0, True)
             return
         if self._batch_size is not None:
-            pending: list[pa.Table] = []
-            rows = 0
-            async for table in loaded:
+            pending: deque[list[Any]] = deque()  # [tag, table, rows taken]
+            held = 0
+            async for tag, table in loaded:
                 self._units += 1
-                pending.append(table)
-                rows += table.num_rows
-                while rows >= self._batch_size:
-                    whole = pa.concat_tables(pending)
-                    batch, rest = whole.slice(0, self._batch_size), whole.slice(self._batch_size)
-                    pending, rows = [rest], rest.num_rows
-                    self._samples += batch.num_rows
-                    yield batch.to_pydict()
-            if rows:
-                self._samples += rows
-                yield pa.concat_tables(pending).to_pydict()
+                pending.append([tag, table, 0])
+                held += table.num_rows
+                while held >= self._batch_size:
+                    held -= self._batch_size
+                    yield self._take(pending, self._batch_size)
+            if held:
+                yield self._take(pending, held)
             return
-        rng = random.Random(f"{self._seed}:{self._epoch}:samples")
-        buffer: list[Any] = []
-        async for rows_ in loaded:
+        buffer, rng, size = self._buffer, self._rng, self._shuffle_buffer
+        assert rng is not None
+        async for tag, rows in loaded:
             self._units += 1
-            for row in rows_:
-                if self._shuffle_buffer:
-                    if len(buffer) < self._shuffle_buffer:
+            last = len(rows) - 1
+            if last < 0:
+                self._advance(tag, 0, True)
+            for i, row in enumerate(rows):
+                self._advance(tag, i + 1, i == last)
+                if size:
+                    if len(buffer) < size:
                         buffer.append(row)
                         continue
-                    i = rng.randrange(len(buffer))
-                    row, buffer[i] = buffer[i], row
+                    j = rng.randrange(len(buffer))
+                    row, buffer[j] = buffer[j], row
                 self._samples += 1
                 yield row
         rng.shuffle(buffer)
-        for row in buffer:
+        while buffer:
             self._samples += 1
-            yield row
+            yield buffer.pop()
+
+    def _take(self, pending: deque[list[Any]], n: int) -> Any:
+        """The next n rows across the pending tables, as one batch; advances the cursor."""
+        pieces: list[pa.Table] = []
+        while n:
+            tag, table, taken = pending[0]
+            k = min(n, table.num_rows - taken)
+            pieces.append(table.slice(taken, k))
+            taken += k
+            n -= k
+            done = taken == table.num_rows
+            self._advance(tag, taken, done)
+            if done:
+                pending.popleft()
+            else:
+                pending[0][2] = taken
+        batch = pa.concat_tables(pieces)
+        self._samples += batch.num_rows
+        if self._output == "arrow":
+            return batch.combine_chunks().to_batches()[0]
+        return batch.to_pydict()
+
+
+@dataclass(frozen=True)
+class _Tag:
+    """Where a loaded unit sits: its file (position in this rank's order), its unit
+    index, the count of units before its file (for unit-level rank splits), and the
+    rows skipped at its start on resume."""
+
+    file: int
+    unit: int
+    file_seq: int
+    offset: int
+
+
+def _as_rng_state(state: Any) -> tuple[Any, ...]:
+    """random.Random state, also after a JSON round trip (lists instead of tuples)."""
+    version, internal, gauss = state
+    return (version, tuple(internal), gauss)
 
 
 def _sync_rows(it: SyncIterator[Any], live: list[SyncIterator[Any]]) -> Iterator[Any]:
@@ -391,9 +536,7 @@ def _sync_rows(it: SyncIterator[Any], live: list[SyncIterator[Any]]) -> Iterator
             live.remove(it)
 
 
-def _batches(table: pa.Table, size: int | None) -> Iterator[pa.RecordBatch]:
-    if size is None:
-        yield from table.combine_chunks().to_batches() if table.num_rows else ()
-        return
-    for start in range(0, table.num_rows, size):
-        yield from table.slice(start, size).combine_chunks().to_batches()
+def _batches(table: pa.Table) -> list[pa.RecordBatch]:
+    if not table.num_rows:
+        return []
+    return [b for b in table.combine_chunks().to_batches() if b.num_rows]
