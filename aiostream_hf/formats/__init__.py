@@ -126,3 +126,7 @@ def _load_builtins() -> None:
         from . import parquet
 
         register(parquet.ParquetDecoder())
+    if "webdataset" not in _REGISTRY:
+        from . import webdataset
+
+        register(webdataset.WebDatasetDecoder())
