@@ -57,7 +57,7 @@ class StreamStatistics:
 
 
 def stream(
-    source: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
+    source: str | os.PathLike[str] | Sequence[str | os.PathLike[str]] | Manifest,
     *,
     split: str | None = None,
     config: str | None = None,
@@ -76,6 +76,10 @@ def stream(
     endpoint: str | None = None,
 ) -> Stream:
     """A lazy stream of the samples of ``source``; nothing is read until iteration.
+
+    ``source`` is a source string (``hf://datasets/ORG/NAME[@REV][/PATH]``, an
+    http(s) URL with ``{000..099}`` braces, a local path or glob), a list of
+    them, or a ``Manifest`` resolved before (then no API request is made).
 
     ``output="python"`` yields dict rows (or dict-of-lists batches with
     ``batch_size``); ``output="arrow"`` yields ``pyarrow.RecordBatch`` without
@@ -161,7 +165,8 @@ class Stream:
                 f"filter={filter!r}: give a pyarrow.compute expression, "
                 "e.g. pyarrow.compute.field('score') > 0.5"
             )
-        parse_sources(source)  # bad sources fail here, before any I/O
+        if not isinstance(source, Manifest):
+            parse_sources(source)  # bad sources fail here, before any I/O
         self._source = source
         self._split = split
         self._config = config
@@ -175,6 +180,8 @@ class Stream:
         self._rank, self._world_size = _rank_and_world(rank, world_size)
         self._options = options or StreamOptions()
         self._token = token
+        if endpoint is None and isinstance(source, Manifest):
+            endpoint = source.endpoint
         self._endpoint = endpoint
         self._epoch = 0
         self._closed = False
@@ -193,6 +200,10 @@ class Stream:
         self._files_order: list[FileRef] | None = None
         self._buffer: list[Any] = []
         self._rng: random.Random | None = None
+        self._pending: deque[list[Any]] = deque()  # [tag, table, rows taken] for batches
+        self._held = 0  # rows in _pending not yet taken
+        self._end: dict[str, Any] | None = None
+        self._started = 0.0
 
     # -- lifecycle -----------------------------------------------------------
 
@@ -226,9 +237,7 @@ class Stream:
         """Sync iteration: the pipeline runs on the process's bridge thread."""
         if self._closed:
             raise ClosedResourceError("this Stream is closed: call stream(...) again")
-        it: SyncIterator[Any] = SyncIterator(self.__aiter__)
-        self._sync_iterators.append(it)
-        return _sync_rows(it, self._sync_iterators)
+        return self._iterate_sync()
 
     def close(self) -> None:
         """Sync ``aclose()``: stop every sync iteration of this stream."""
@@ -321,7 +330,38 @@ class Stream:
         return order
 
     async def _iterate(self) -> AsyncIterator[Any]:
-        started = time.monotonic()
+        """Async iteration: loaded units shaped into samples on this task."""
+        self._started = time.monotonic()
+        units = self._loaded_units()
+        try:
+            async for tag, payload in units:
+                for out in self._shape_unit(tag, payload):
+                    yield out
+        finally:
+            # Closed here, on this task: it holds task groups' cancel scopes.
+            await units.aclose()
+        for out in self._shape_end():
+            yield out
+
+    def _iterate_sync(self) -> Iterator[Any]:
+        """Sync iteration: units cross the bridge, samples are shaped on the consumer's
+        thread, so ``state_dict()`` is exact at every sample the consumer has."""
+        if self._closed:
+            raise ClosedResourceError("this Stream is closed: call stream(...) again")
+        self._started = time.monotonic()
+        it: SyncIterator[tuple[_Tag, Any]] = SyncIterator(self._loaded_units, buffer=2)
+        self._sync_iterators.append(it)
+        try:
+            for tag, payload in it:
+                yield from self._shape_unit(tag, payload)
+            yield from self._shape_end()
+        finally:
+            it.close()
+            if it in self._sync_iterators:
+                self._sync_iterators.remove(it)
+
+    async def _loaded_units(self) -> AsyncIterator[tuple[_Tag, Any]]:
+        """Resolve, plan, fetch and decode: loaded units in order, read ahead."""
         opts = self._options
         resume, self._resume = self._resume, None
         async with (
@@ -329,14 +369,17 @@ class Stream:
             RangeFetcher(opts, token=self._token, endpoint=self._endpoint) as fetcher,
         ):
             self._resolver, self._fetcher = resolver, fetcher
-            manifest = await resolver.resolve(
-                self._source,
-                config=self._config,
-                split=self._split,
-                data_files=self._data_files,
-                token=self._token,
-                endpoint=self._endpoint,
-            )
+            if isinstance(self._source, Manifest):
+                manifest = self._source  # resolved elsewhere (e.g. in a DataLoader's parent)
+            else:
+                manifest = await resolver.resolve(
+                    self._source,
+                    config=self._config,
+                    split=self._split,
+                    data_files=self._data_files,
+                    token=self._token,
+                    endpoint=self._endpoint,
+                )
             self._manifest = manifest
             files = self._order(manifest.files)
             # Whole files per rank when there are enough; else every rank plans
@@ -353,6 +396,8 @@ class Stream:
                 )
             self._rng = random.Random(f"{self._seed}:{self._epoch}:samples")
             self._buffer = []
+            self._pending = deque()
+            self._end = None
             if resume is not None:
                 if resume.get("rng") is not None:
                     self._rng.setstate(_as_rng_state(resume["rng"]))
@@ -399,11 +444,9 @@ class Stream:
                 )
                 self._prefetch = loaded
                 async with loaded:
-                    async for out in self._shape(loaded):
-                        if self._first_sample is None:
-                            self._first_sample = time.monotonic() - started
-                        yield out
-            self._cursor = {"file": len(files), "unit": 0, "row": 0, "done": True, "file_seq": 0}
+                    async for item in loaded:
+                        yield item
+            self._end = {"file": len(files), "unit": 0, "row": 0, "done": True, "file_seq": 0}
 
     async def _plan(
         self, decoder: Decoder[Any], file: FileRef, source: ByteSource, pos: int
@@ -438,54 +481,62 @@ class Stream:
             "file_seq": tag.file_seq,
         }
 
-    async def _shape(self, loaded: Prefetcher[tuple[_Tag, Any]]) -> AsyncIterator[Any]:
-        if self._output == "arrow" and self._batch_size is None:
-            async for tag, table in loaded:
-                self._units += 1
-                done_rows = 0
-                batches = list(_batches(table))
-                for i, batch in enumerate(batches):
-                    done_rows += batch.num_rows
-                    self._advance(tag, done_rows, i == len(batches) - 1)
-                    self._samples += batch.num_rows
-                    yield batch
-                if not batches:
-                    self._advance(tag, 0, True)
-            return
+    def _emit(self, out: Any) -> Any:
+        if self._first_sample is None:
+            self._first_sample = time.monotonic() - self._started
+        return out
+
+    def _shape_unit(self, tag: _Tag, payload: Any) -> Iterator[Any]:
+        """The samples (rows, batches) of one loaded unit; the cursor moves as each
+        sample is taken, so it always describes what the consumer has."""
+        self._units += 1
         if self._batch_size is not None:
-            pending: deque[list[Any]] = deque()  # [tag, table, rows taken]
-            held = 0
-            async for tag, table in loaded:
-                self._units += 1
-                pending.append([tag, table, 0])
-                held += table.num_rows
-                while held >= self._batch_size:
-                    held -= self._batch_size
-                    yield self._take(pending, self._batch_size)
-            if held:
-                yield self._take(pending, held)
+            self._pending.append([tag, payload, 0])
+            self._held += payload.num_rows
+            while self._held >= self._batch_size:
+                self._held -= self._batch_size
+                yield self._emit(self._take(self._pending, self._batch_size))
+            return
+        if self._output == "arrow":
+            batches = _batches(payload)
+            if not batches:
+                self._advance(tag, 0, True)
+            done_rows = 0
+            for i, batch in enumerate(batches):
+                done_rows += batch.num_rows
+                self._advance(tag, done_rows, i == len(batches) - 1)
+                self._samples += batch.num_rows
+                yield self._emit(batch)
             return
         buffer, rng, size = self._buffer, self._rng, self._shuffle_buffer
         assert rng is not None
-        async for tag, rows in loaded:
-            self._units += 1
-            last = len(rows) - 1
-            if last < 0:
-                self._advance(tag, 0, True)
-            for i, row in enumerate(rows):
-                self._advance(tag, i + 1, i == last)
-                if size:
-                    if len(buffer) < size:
-                        buffer.append(row)
-                        continue
-                    j = rng.randrange(len(buffer))
-                    row, buffer[j] = buffer[j], row
-                self._samples += 1
-                yield row
-        rng.shuffle(buffer)
-        while buffer:
+        last = len(payload) - 1
+        if last < 0:
+            self._advance(tag, 0, True)
+        for i, row in enumerate(payload):
+            self._advance(tag, i + 1, i == last)
+            if size:
+                if len(buffer) < size:
+                    buffer.append(row)
+                    continue
+                j = rng.randrange(len(buffer))
+                row, buffer[j] = buffer[j], row
             self._samples += 1
-            yield buffer.pop()
+            yield self._emit(row)
+
+    def _shape_end(self) -> Iterator[Any]:
+        """What is held when the units end: a last partial batch, the shuffle buffer."""
+        if self._held:
+            held, self._held = self._held, 0
+            yield self._emit(self._take(self._pending, held))
+        if self._buffer:
+            assert self._rng is not None
+            self._rng.shuffle(self._buffer)
+            while self._buffer:
+                self._samples += 1
+                yield self._emit(self._buffer.pop())
+        if self._end is not None:
+            self._cursor = self._end
 
     def _take(self, pending: deque[list[Any]], n: int) -> Any:
         """The next n rows across the pending tables, as one batch; advances the cursor."""
@@ -525,15 +576,6 @@ def _as_rng_state(state: Any) -> tuple[Any, ...]:
     """random.Random state, also after a JSON round trip (lists instead of tuples)."""
     version, internal, gauss = state
     return (version, tuple(internal), gauss)
-
-
-def _sync_rows(it: SyncIterator[Any], live: list[SyncIterator[Any]]) -> Iterator[Any]:
-    try:
-        yield from it
-    finally:
-        it.close()
-        if it in live:
-            live.remove(it)
 
 
 def _batches(table: pa.Table) -> list[pa.RecordBatch]:

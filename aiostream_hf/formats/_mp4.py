@@ -1,0 +1,599 @@
+"""The I/O-free MP4 (ISO-BMFF) core: find ``moov``, parse a video track's sample table.
+
+Nothing here reads a file. The async layer (``aiostream_hf.formats.video``) reads
+the head of a file, walks the top-level boxes with ``read_box_header`` and jumps
+from box to box until it holds the whole ``moov``::
+
+    head = await fetch(0, HEAD_READ_SIZE)
+    pos = 0
+    while pos < size:
+        box = read_box_header(bytes_at(pos, 16), pos, size, name)  # one read per hop, at most
+        if box.type == "moov":
+            index = parse_moov(bytes_at(box.start, box.end), name)
+            break
+        pos = box.end
+
+In the usual moov-at-end file (``ftyp``, ``mdat``, ``moov``) the head holds the
+``mdat`` header, whose size says where ``moov`` starts: one more read.
+
+``parse_moov`` returns a ``SampleTable`` (one row per sample, in decode order) for
+the first video track, or ``NoIndex`` when the file has no index that this module
+can use (fragmented MP4, edit lists other than the usual shapes, codecs without a
+known decoder): the caller then decodes the file with a demuxer instead.
+
+Timestamps follow FFmpeg's mov demuxer, so they equal PyAV's ``frame.pts``: with an
+edit list of empty edits (a start delay) followed by one edit at ``media_time``,
+the frames whose composition time lies outside the edit are decoded but never
+shown, and the first shown frame is at the empty edits' total duration.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import numpy as np
+import numpy.typing as npt
+
+from .._exceptions import DecodeError
+
+__all__ = [
+    "BOX_HEADER_MAX",
+    "CODECS",
+    "HEAD_READ_SIZE",
+    "BoxHeader",
+    "NoIndex",
+    "SampleTable",
+    "container_kind",
+    "parse_moov",
+    "read_box_header",
+]
+
+HEAD_READ_SIZE = 64 * 1024
+"""Bytes read from the start of a file first, and at each hop towards ``moov``."""
+
+BOX_HEADER_MAX = 16
+"""Bytes that always hold a box header (size, type, 64-bit largesize)."""
+
+#: Sample entry type -> FFmpeg codec name, for the codecs decoded from the index.
+CODECS: dict[str, str] = {
+    "avc1": "h264",
+    "avc3": "h264",
+    "hev1": "hevc",
+    "hvc1": "hevc",
+    "av01": "av1",
+    "vp09": "vp9",
+    "vp08": "vp8",
+}
+#: The configuration box whose payload FFmpeg hands to the decoder as extradata.
+_CONFIG_BOXES = {"avcC", "hvcC", "av1C"}
+
+# Types a top-level box of an ISO-BMFF file may have; the first box must be one of them.
+_TOP_LEVEL = frozenset(
+    {"ftyp", "styp", "moov", "mdat", "free", "skip", "wide", "pdin", "uuid", "meta", "moof",
+     "mfra", "sidx", "ssix", "prft", "emsg", "pnot", "junk", "jP  ", "bloc"}
+)  # fmt: skip
+_CONTAINERS = frozenset({"moov", "trak", "mdia", "minf", "stbl", "edts", "dinf"})
+_VISUAL_SAMPLE_ENTRY = 78  # bytes of a VisualSampleEntry after its box header
+_ENCRYPTED = frozenset({"encv", "resv"})
+_REORDER_WINDOW = 64  # frames: how far back the reorder depth of a stream is measured
+
+Int64Array = npt.NDArray[np.int64]
+BoolArray = npt.NDArray[np.bool_]
+
+
+@dataclass(frozen=True, slots=True)
+class BoxHeader:
+    """One box: its type and absolute byte span ``[start, end)``, header included."""
+
+    type: str
+    start: int
+    end: int
+    header_size: int
+
+    @property
+    def payload_start(self) -> int:
+        return self.start + self.header_size
+
+
+@dataclass(frozen=True, slots=True)
+class NoIndex:
+    """The file is an MP4 without an index this module can use, and why.
+
+    ``codec`` is the sample entry type (fourcc) when it is the codec that is not mapped.
+    """
+
+    reason: str
+    codec: str | None = None
+
+
+@dataclass(frozen=True, eq=False)
+class SampleTable:
+    """The samples of one video track, in decode order, with FFmpeg's timestamps.
+
+    offset, size: where each sample's bytes lie in the file.
+    dts, pts: decode and presentation timestamps, in ``timescale`` ticks, as FFmpeg's
+        mov demuxer gives them (edit list applied).
+    cts: composition times before the edit list (``stts`` + ``ctts``), unique per
+        sample: what a decoder is fed, to tell its output frames apart.
+    is_key: sync samples (``stss``; every sample when the track has none).
+    shown: samples that are presented; False for those an edit list hides, which are
+        decoded (other frames may refer to them) but never output.
+    duration: each sample's ``stts`` duration, in ticks.
+    """
+
+    name: str
+    track_id: int
+    timescale: int
+    codec: str
+    """FFmpeg's name for the codec: h264, hevc, av1, vp9, vp8."""
+    fourcc: str
+    """The sample entry type: avc1, avc3, hev1, hvc1, av01, vp09, vp08."""
+    width: int
+    height: int
+    extradata: bytes | None = field(repr=False)
+    """The payload of the codec configuration box (avcC, hvcC, av1C), as FFmpeg passes it."""
+    offset: Int64Array = field(repr=False)
+    size: Int64Array = field(repr=False)
+    dts: Int64Array = field(repr=False)
+    pts: Int64Array = field(repr=False)
+    cts: Int64Array = field(repr=False)
+    duration: Int64Array = field(repr=False)
+    is_key: BoolArray = field(repr=False)
+    shown: BoolArray = field(repr=False)
+
+    @property
+    def sample_count(self) -> int:
+        return len(self.offset)
+
+    @property
+    def frame_count(self) -> int:
+        """Frames presented (samples an edit list hides are not counted)."""
+        return int(np.count_nonzero(self.shown))
+
+    @property
+    def keyframe_count(self) -> int:
+        return int(np.count_nonzero(self.is_key))
+
+    @property
+    def end_pts(self) -> int:
+        """The end of the last presented frame, in ticks (its pts plus its duration)."""
+        shown = np.flatnonzero(self.shown)
+        if len(shown) == 0:
+            return 0
+        last = shown[np.argmax(self.pts[shown])]
+        return int(self.pts[last] + self.duration[last])
+
+    @property
+    def duration_s(self) -> float:
+        """Seconds from 0 to the end of the last presented frame."""
+        return self.end_pts / self.timescale
+
+    @property
+    def fps(self) -> float:
+        """Average frames per second over the presented span."""
+        shown = self.pts[self.shown]
+        if len(shown) == 0:
+            return 0.0
+        span = self.end_pts - int(shown.min())
+        return self.frame_count * self.timescale / span if span > 0 else 0.0
+
+    def reorder_depth(self) -> int:
+        """The most frames decoded before a frame and presented after it (0 without B-frames)."""
+        pts = self.cts
+        depth = np.zeros(len(pts), dtype=np.int64)
+        for d in range(1, min(_REORDER_WINDOW, len(pts))):
+            depth[d:] += pts[:-d] > pts[d:]
+        return int(depth.max()) if len(depth) else 0
+
+
+# -- box walking ----------------------------------------------------------------------
+
+
+def container_kind(head: bytes) -> str | None:
+    """What the first bytes of a file say it is: "mp4", "matroska", "video" or None.
+
+    "video" is another container FFmpeg demuxes (AVI, MPEG-TS, FLV, Ogg, MPEG-PS);
+    None is not a video at all.
+    """
+    if len(head) >= 8 and head[4:8].decode("latin-1") in _TOP_LEVEL:
+        size = int.from_bytes(head[:4], "big")
+        if size in (0, 1) or size >= 8:
+            return "mp4"
+    if head[:4] == b"\x1a\x45\xdf\xa3":
+        return "matroska"
+    if head[:4] == b"RIFF" and head[8:12] in (b"AVI ", b"AVIX"):
+        return "video"
+    if head[:3] == b"FLV" or head[:4] in (b"OggS", b"\x00\x00\x01\xba"):
+        return "video"
+    if len(head) >= 189 and head[0] == 0x47 and head[188] == 0x47:  # MPEG-TS packets
+        return "video"
+    return None
+
+
+def read_box_header(data: bytes | memoryview, pos: int, limit: int, name: str) -> BoxHeader:
+    """The header of the box at absolute position ``pos``.
+
+    ``data`` holds the file's bytes from ``pos`` on (at least 16, or up to ``limit``);
+    ``limit`` is where the enclosing box (the file, for a top-level box) ends.
+    """
+    view = memoryview(data)
+    if limit - pos < 8 or len(view) < 8:
+        raise DecodeError(f"{name}: truncated MP4 box header at byte {pos}")
+    size, raw_type = struct.unpack_from(">I4s", view, 0)
+    box_type = raw_type.decode("latin-1")
+    header = 8
+    if size == 1:
+        if len(view) < 16 or limit - pos < 16:
+            raise DecodeError(f"{name}: truncated MP4 box header at byte {pos}")
+        (size,) = struct.unpack_from(">Q", view, 8)
+        header = 16
+    elif size == 0:
+        size = limit - pos
+    if box_type == "uuid":
+        header += 16
+    if size < header or pos + size > limit:
+        raise DecodeError(
+            f"{name}: corrupt or truncated MP4: box {box_type!r} at byte {pos} has size "
+            f"{size}, but {limit - pos} bytes remain"
+        )
+    return BoxHeader(box_type, pos, pos + size, header)
+
+
+def _children(data: memoryview, start: int, end: int, name: str) -> Iterator[BoxHeader]:
+    """The boxes in ``data[start:end]`` (positions relative to ``data``)."""
+    pos = start
+    while end - pos >= 8:
+        box = read_box_header(data[pos : pos + BOX_HEADER_MAX], pos, end, name)
+        yield box
+        pos = box.end
+
+
+def _find(data: memoryview, parent: BoxHeader, box_type: str, name: str) -> BoxHeader | None:
+    for box in _children(data, parent.payload_start, parent.end, name):
+        if box.type == box_type:
+            return box
+    return None
+
+
+# -- moov -----------------------------------------------------------------------------
+
+
+@dataclass
+class _Track:
+    box: BoxHeader
+    boxes: dict[str, BoxHeader] = field(default_factory=dict)
+
+
+def parse_moov(moov: bytes | memoryview, name: str) -> SampleTable | NoIndex:
+    """The sample table of the first video track of a ``moov`` box (its bytes, header included).
+
+    Raises ``DecodeError`` naming ``name`` for a corrupt box, a file without a video
+    track or an encrypted one; returns ``NoIndex`` when the index cannot be used
+    (fragmented MP4, complex edit lists, a codec this module does not map).
+    """
+    data = memoryview(moov)
+    top = read_box_header(data[:BOX_HEADER_MAX], 0, len(data), name)
+    if top.type != "moov":
+        raise ValueError(f"parse_moov of {name}: the bytes start with {top.type!r}, not moov")
+    movie_timescale = 0
+    fragmented = False
+    tracks: list[_Track] = []
+    for box in _children(data, top.payload_start, top.end, name):
+        if box.type == "mvhd":
+            movie_timescale = _mvhd_timescale(data, box, name)
+        elif box.type == "mvex":
+            fragmented = True
+        elif box.type == "trak":
+            track = _Track(box)
+            _collect(data, box, track.boxes, name)
+            tracks.append(track)
+    video = [t for t in tracks if _handler(data, t, name) == "vide"]
+    if not video:
+        raise DecodeError(f"{name} has no video track (it has {len(tracks)} track(s))")
+    if fragmented:
+        return NoIndex("fragmented MP4 (moov has mvex): samples are indexed in moof boxes")
+    return _parse_track(data, video[0], movie_timescale, name)
+
+
+def _collect(data: memoryview, parent: BoxHeader, out: dict[str, BoxHeader], name: str) -> None:
+    """Index the boxes under a trak by type (first of each), descending into containers."""
+    for box in _children(data, parent.payload_start, parent.end, name):
+        out.setdefault(box.type, box)
+        if box.type in _CONTAINERS:
+            _collect(data, box, out, name)
+
+
+def _full_box(data: memoryview, box: BoxHeader, name: str, need: int = 0) -> tuple[int, int]:
+    """(version, payload position after version and flags) of a FullBox."""
+    pos = box.payload_start
+    if box.end - pos < 4 + need:
+        raise DecodeError(f"{name}: MP4 box {box.type!r} at byte {box.start} is too short")
+    return data[pos], pos + 4
+
+
+def _mvhd_timescale(data: memoryview, box: BoxHeader, name: str) -> int:
+    version, pos = _full_box(data, box, name, 20)
+    (timescale,) = struct.unpack_from(">I", data, pos + (16 if version == 1 else 8))
+    return int(timescale)
+
+
+def _handler(data: memoryview, track: _Track, name: str) -> str | None:
+    hdlr = track.boxes.get("hdlr")
+    if hdlr is None:
+        return None
+    _, pos = _full_box(data, hdlr, name, 8)
+    return bytes(data[pos + 4 : pos + 8]).decode("latin-1")
+
+
+def _u32(data: memoryview, box: BoxHeader, name: str, count_at: int = 0) -> tuple[int, int]:
+    """(entry count, position of the first entry) of a table FullBox."""
+    _, pos = _full_box(data, box, name, count_at + 4)
+    (count,) = struct.unpack_from(">I", data, pos + count_at)
+    return int(count), pos + count_at + 4
+
+
+def _table(
+    data: memoryview, box: BoxHeader, name: str, columns: int, dtype: str = ">u4"
+) -> npt.NDArray[np.int64]:
+    """The entries of a table box as an int64 array of shape (count, columns)."""
+    count, pos = _u32(data, box, name)
+    item = np.dtype(dtype).itemsize
+    if pos + count * columns * item > box.end:
+        raise DecodeError(
+            f"{name}: MP4 box {box.type!r} says {count} entries but is {box.end - box.start} bytes"
+        )
+    raw = np.frombuffer(data, dtype=dtype, count=count * columns, offset=pos)
+    return raw.astype(np.int64).reshape(count, columns)
+
+
+def _parse_track(
+    data: memoryview, track: _Track, movie_timescale: int, name: str
+) -> SampleTable | NoIndex:
+    boxes = track.boxes
+    missing = [t for t in ("mdhd", "stsd", "stts", "stsc") if t not in boxes]
+    if "stco" not in boxes and "co64" not in boxes:
+        missing.append("stco")
+    if "stsz" not in boxes and "stz2" not in boxes:
+        missing.append("stsz")
+    if missing:
+        raise DecodeError(f"{name}: the video track lacks MP4 boxes {', '.join(missing)}")
+    track_id = _track_id(data, boxes.get("tkhd"), name)
+    timescale = _mdhd_timescale(data, boxes["mdhd"], name)
+    if timescale <= 0:
+        raise DecodeError(f"{name}: the video track has timescale {timescale}")
+    fourcc, width, height, extradata = _sample_entry(data, boxes["stsd"], name)
+    if fourcc in _ENCRYPTED:
+        raise DecodeError(
+            f"{name}: the video track is encrypted ({fourcc}), which is not supported"
+        )
+    codec = CODECS.get(fourcc)
+    if codec is None:
+        return NoIndex(f"codec {fourcc!r} is not decoded from the MP4 index", codec=fourcc)
+
+    sizes = _sample_sizes(data, boxes.get("stsz") or boxes["stz2"], name)
+    chunk_offsets = (
+        _table(data, boxes["co64"], name, 1, ">u8")[:, 0]
+        if "co64" in boxes
+        else _table(data, boxes["stco"], name, 1)[:, 0]
+    )
+    offsets = _sample_offsets(_table(data, boxes["stsc"], name, 3), chunk_offsets, sizes, name)
+    stts = _table(data, boxes["stts"], name, 2)
+    deltas = np.repeat(stts[:, 1], stts[:, 0])
+    n = min(len(sizes), len(offsets), len(deltas))
+    if n == 0:
+        return NoIndex("the video track has no samples in moov")
+    sizes, offsets, deltas = sizes[:n], offsets[:n], deltas[:n]
+    dts = np.zeros(n, dtype=np.int64)
+    np.cumsum(deltas[:-1], out=dts[1:])
+    ctts = np.zeros(n, dtype=np.int64)
+    if "ctts" in boxes:
+        table = _table(data, boxes["ctts"], name, 2)
+        # Offsets are signed in version 1 and, as FFmpeg reads them, in version 0 too.
+        values = np.repeat(table[:, 1].astype(np.uint32).view(np.int32), table[:, 0])[:n]
+        ctts[: len(values)] = values
+    cts = dts + ctts
+    if "stss" in boxes:
+        is_key = np.zeros(n, dtype=np.bool_)
+        numbers = _table(data, boxes["stss"], name, 1)[:, 0] - 1
+        is_key[numbers[(numbers >= 0) & (numbers < n)]] = True
+    else:
+        is_key = np.ones(n, dtype=np.bool_)
+
+    edits = _edit_list(data, boxes.get("elst"), name)
+    placed = _apply_edits(edits, dts, cts, ctts, timescale, movie_timescale)
+    if isinstance(placed, NoIndex):
+        return placed
+    new_dts, pts, shown = placed
+    shown &= sizes > 0  # an empty sample holds no frame (FFmpeg drops it)
+    return SampleTable(
+        name=name,
+        track_id=track_id,
+        timescale=timescale,
+        codec=codec,
+        fourcc=fourcc,
+        width=width,
+        height=height,
+        extradata=extradata,
+        offset=offsets,
+        size=sizes,
+        dts=new_dts,
+        pts=pts,
+        cts=cts,
+        duration=deltas,
+        is_key=is_key,
+        shown=shown,
+    )
+
+
+def _track_id(data: memoryview, tkhd: BoxHeader | None, name: str) -> int:
+    if tkhd is None:
+        return 0
+    version, pos = _full_box(data, tkhd, name, 20)
+    (track_id,) = struct.unpack_from(">I", data, pos + (16 if version == 1 else 8))
+    return int(track_id)
+
+
+def _mdhd_timescale(data: memoryview, mdhd: BoxHeader, name: str) -> int:
+    version, pos = _full_box(data, mdhd, name, 20)
+    (timescale,) = struct.unpack_from(">I", data, pos + (16 if version == 1 else 8))
+    return int(timescale)
+
+
+def _sample_entry(
+    data: memoryview, stsd: BoxHeader, name: str
+) -> tuple[str, int, int, bytes | None]:
+    """(fourcc, width, height, extradata) of the first sample entry."""
+    count, pos = _u32(data, stsd, name)
+    if count < 1:
+        raise DecodeError(f"{name}: the video track's stsd has no sample entry")
+    entry = read_box_header(data[pos : pos + BOX_HEADER_MAX], pos, stsd.end, name)
+    if entry.end - entry.payload_start < _VISUAL_SAMPLE_ENTRY:
+        raise DecodeError(f"{name}: the video sample entry {entry.type!r} is too short")
+    width, height = struct.unpack_from(">HH", data, entry.payload_start + 24)
+    extradata = None
+    for box in _children(data, entry.payload_start + _VISUAL_SAMPLE_ENTRY, entry.end, name):
+        if box.type in _CONFIG_BOXES:
+            extradata = bytes(data[box.payload_start : box.end])
+            break
+    return entry.type, int(width), int(height), extradata
+
+
+def _sample_sizes(data: memoryview, box: BoxHeader, name: str) -> Int64Array:
+    if box.type == "stsz":
+        _, pos = _full_box(data, box, name, 8)
+        uniform, count = struct.unpack_from(">II", data, pos)
+        if uniform:
+            return np.full(count, uniform, dtype=np.int64)
+        if pos + 8 + 4 * count > box.end:
+            raise DecodeError(f"{name}: MP4 box 'stsz' says {count} samples but is too short")
+        return np.frombuffer(data, dtype=">u4", count=count, offset=pos + 8).astype(np.int64)
+    # stz2: compact sizes of 4, 8 or 16 bits
+    _, pos = _full_box(data, box, name, 8)
+    field_size = data[pos + 3]
+    (count,) = struct.unpack_from(">I", data, pos + 4)
+    start = pos + 8
+    if field_size == 16:
+        raw = np.frombuffer(data, dtype=">u2", count=count, offset=start)
+    elif field_size == 8:
+        raw = np.frombuffer(data, dtype=np.uint8, count=count, offset=start)
+    elif field_size == 4:
+        packed = np.frombuffer(data, dtype=np.uint8, count=(count + 1) // 2, offset=start)
+        raw = np.stack([packed >> 4, packed & 0x0F], axis=1).reshape(-1)[:count]
+    else:
+        raise DecodeError(f"{name}: MP4 box 'stz2' has field size {field_size}")
+    return raw.astype(np.int64)
+
+
+def _sample_offsets(
+    stsc: Int64Array, chunk_offsets: Int64Array, sizes: Int64Array, name: str
+) -> Int64Array:
+    """The file offset of every sample, from sample-to-chunk runs and chunk offsets."""
+    n_chunks = len(chunk_offsets)
+    if n_chunks == 0 or len(stsc) == 0:
+        return np.zeros(0, dtype=np.int64)
+    first = stsc[:, 0]
+    if first[0] != 1 or np.any(np.diff(first) <= 0):
+        raise DecodeError(f"{name}: MP4 box 'stsc' is not sorted by chunk from chunk 1")
+    keep = first <= n_chunks
+    first, per_chunk = first[keep], stsc[keep, 1]
+    runs = np.diff(np.append(first, n_chunks + 1))
+    samples_per_chunk = np.repeat(per_chunk, runs)
+    total = int(samples_per_chunk.sum())
+    if total > len(sizes):  # the last chunks claim more samples than stsz has: trim
+        cumulative = np.cumsum(samples_per_chunk)
+        over = int(np.searchsorted(cumulative, len(sizes)))
+        samples_per_chunk = samples_per_chunk[: over + 1].copy()
+        samples_per_chunk[-1] -= int(cumulative[over]) - len(sizes)
+        total = len(sizes)
+    chunk_of = np.repeat(np.arange(len(samples_per_chunk)), samples_per_chunk)
+    sizes = sizes[:total]
+    before = np.zeros(total, dtype=np.int64)  # bytes of the file's samples before each sample
+    np.cumsum(sizes[:-1], out=before[1:])
+    chunk_first = np.zeros(len(samples_per_chunk), dtype=np.int64)
+    np.cumsum(samples_per_chunk[:-1], out=chunk_first[1:])
+    starts = before[np.minimum(chunk_first, max(total - 1, 0))] if total else before
+    offsets: Int64Array = chunk_offsets[chunk_of] + before - starts[chunk_of]
+    return offsets
+
+
+def _edit_list(data: memoryview, elst: BoxHeader | None, name: str) -> list[tuple[int, int, int]]:
+    """(segment duration in movie ticks, media time, rate * 65536) of each edit."""
+    if elst is None:
+        return []
+    version, pos = _full_box(data, elst, name, 4)
+    (count,) = struct.unpack_from(">I", data, pos)
+    pos += 4
+    entry = 20 if version == 1 else 12
+    if pos + count * entry > elst.end:
+        raise DecodeError(f"{name}: MP4 box 'elst' says {count} entries but is too short")
+    edits = []
+    for _ in range(count):
+        if version == 1:
+            duration, media_time, rate = struct.unpack_from(">Qqi", data, pos)
+        else:
+            duration, media_time, rate = struct.unpack_from(">Iii", data, pos)
+        edits.append((int(duration), int(media_time), int(rate)))
+        pos += entry
+    return edits
+
+
+def _rescale(value: int, num: int, den: int) -> int:
+    """FFmpeg's ``av_rescale``: value * num / den rounded to nearest, halves away from 0."""
+    product = value * num
+    quotient = (abs(product) + den // 2) // den
+    return quotient if product >= 0 else -quotient
+
+
+def _apply_edits(
+    edits: list[tuple[int, int, int]],
+    dts: Int64Array,
+    cts: Int64Array,
+    ctts: Int64Array,
+    timescale: int,
+    movie_timescale: int,
+) -> tuple[Int64Array, Int64Array, BoolArray] | NoIndex:
+    """FFmpeg's timestamps for an edit list of empty edits and then one edit.
+
+    This mirrors ``mov_fix_index`` in libavformat/mov.c for that shape: samples whose
+    composition time lies outside ``[media_time, media_time + duration)`` are decoded
+    but not shown, and shown frames start at the empty edits' total duration. Edit
+    lists of other shapes are left to the demuxer (``NoIndex``).
+    """
+    n = len(dts)
+    dts_shift = max(0, -int(ctts.min())) if n else 0
+    if not edits:
+        return dts - dts_shift, cts.copy(), np.ones(n, dtype=np.bool_)
+    if movie_timescale <= 0:
+        return NoIndex("an edit list with an mvhd timescale of 0")
+    empty = 0
+    media: list[tuple[int, int]] = []
+    for duration, media_time, rate in edits:
+        if media_time == -1:
+            if not media:
+                empty += _rescale(duration, timescale, movie_timescale)
+            continue
+        if media_time < 0 or rate != 0x10000:
+            return NoIndex(f"an edit list entry (media time {media_time}, rate {rate / 65536})")
+        media.append((_rescale(duration, timescale, movie_timescale), media_time))
+    if len(media) != 1:
+        return NoIndex(f"an edit list of {len(edits)} entries, {len(media)} of them non-empty")
+    duration, media_time = media[0]
+    if duration <= 0:
+        return NoIndex("an edit list entry of duration 0")
+    shown = (cts >= media_time) & (cts < media_time + duration)
+    if not shown.any():
+        return NoIndex("an edit list that shows no frame")
+    # mov_fix_index: dts counts from the first sample (in decode order) inside the edit;
+    # then, for video, all timestamps shift so that the first shown pts is the start delay.
+    first = int(np.argmax(shown))
+    base = empty - dts_shift
+    new_dts = dts - dts[first] + base
+    new_dts[:first] = base
+    pts = new_dts + ctts + dts_shift
+    lowest = int(pts[shown].min())
+    if lowest - empty > 0:
+        new_dts -= lowest - empty
+        pts -= lowest - empty
+    return new_dts, pts, shown

@@ -1,0 +1,886 @@
+"""Remote video frame sampling that fetches only the bytes of the frames it needs.
+
+::
+
+    async with video.open("https://.../episode_000.mp4") as reader:
+        frames = await reader.frames_at([0.0, 0.5, 1.0])   # Frames(data T x H x W x 3, pts)
+
+Opening reads the MP4 index (``moov``) with one or two range reads, wherever it
+lies: the head of the file is read first, and when ``moov`` is not in it, the box
+sizes lead straight to it (``_mp4``). ``frames_at`` then maps every timestamp to
+the nearest frame, each frame to the keyframe it is decoded from, fetches the
+bytes of those samples in ONE ``read_ranges`` call (adjacent samples merged into
+one range) and decodes them with PyAV in a worker thread, without a demuxer:
+``av.CodecContext`` is fed the samples as packets, with the codec configuration
+box of the sample description as extradata.
+
+Timestamps are FFmpeg's: ``Frames.pts`` equals the ``frame.time`` PyAV gives when
+it decodes the file (edit lists included), and the pixels are the same.
+
+Decoder state is kept between calls: a call whose frames come after the last one
+decoded, and whose keyframe was already fed, continues from there instead of
+decoding the group of pictures again. Calls on one reader run one at a time.
+
+Files without a usable index (fragmented MP4, Matroska/WebM, other containers,
+MP4 codecs not mapped here) are read whole at open and decoded with ``av.open``
+on the bytes in memory: correct, not minimal.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import urllib.parse
+import urllib.request
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from fractions import Fraction
+from pathlib import Path
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, TypeAlias, cast
+
+import anyio
+import anyio.to_thread
+import av
+import numpy as np
+import numpy.typing as npt
+from av.video.codeccontext import VideoCodecContext
+from av.video.frame import VideoFrame
+
+from .._exceptions import ClosedResourceError, DecodeError, FrameTimestampError, SourceError
+from .._resolver import FileRef
+from . import ByteSource
+from ._mp4 import (
+    BOX_HEADER_MAX,
+    HEAD_READ_SIZE,
+    NoIndex,
+    SampleTable,
+    container_kind,
+    parse_moov,
+    read_box_header,
+)
+
+if TYPE_CHECKING:
+    from .._options import StreamOptions
+
+__all__ = ["Frames", "VideoReader", "VideoSource", "VideoStatistics", "open"]
+
+VideoSource: TypeAlias = "str | os.PathLike[str] | FileRef"
+"""What ``open`` reads: an http(s) or file:// URL, a local path, or a FileRef."""
+
+#: FFmpeg codec name -> the decoders to use, best first (the one ``av.open`` would pick).
+_DECODERS: dict[str, tuple[str, ...]] = {
+    "h264": ("h264",),
+    "hevc": ("hevc",),
+    "av1": ("libdav1d", "libaom-av1", "av1"),
+    "vp9": ("vp9", "libvpx-vp9"),
+    "vp8": ("vp8", "libvpx"),
+}
+#: Decoder options that change latency only, never pixels.
+_DECODER_OPTIONS: dict[str, dict[str, str]] = {"libdav1d": {"max_frame_delay": "1"}}
+_SCAN = 64  # samples scanned around a frame for reordering (far more than any B-pyramid)
+# Samples fed past the last one needed, to keep the decoder alive for the next call, may
+# cost up to this fraction of the bytes from the keyframe: a restart would cost all of them.
+_MARGIN_BUDGET = 0.5
+_RECENT = 8  # decoded frames kept for the next call
+
+Array: TypeAlias = npt.NDArray[Any]
+
+
+@dataclass(frozen=True, eq=False)
+class Frames:
+    """Decoded frames: ``data`` is uint8 T x H x W x 3 (RGB), ``pts`` their times in seconds."""
+
+    data: npt.NDArray[np.uint8]
+    pts: npt.NDArray[np.float64]
+
+    def __len__(self) -> int:
+        return len(self.pts)
+
+
+@dataclass(frozen=True, slots=True)
+class VideoStatistics:
+    """What a VideoReader did since it was opened.
+
+    indexed: True when frames are fetched from the MP4 index; False when the file
+        had no usable index and was read whole (``fallback_reason`` says why).
+    index_requests / index_bytes: reads (and their bytes) made by ``open`` to find and
+        read the index, or the whole file without one.
+    frame_requests / frame_bytes: ``read_ranges`` calls (and bytes) for frame samples.
+    packets_decoded: samples fed to the decoder.
+    decoder_starts: decodes started afresh at a keyframe.
+    decoder_reuses: decodes that continued the decoder state of the call before.
+    flushes: decodes that had to drain the decoder (its state is then dropped).
+    frames_returned: frames handed out, repeats included.
+    """
+
+    indexed: bool
+    fallback_reason: str | None = None
+    index_requests: int = 0
+    index_bytes: int = 0
+    frame_requests: int = 0
+    frame_bytes: int = 0
+    packets_decoded: int = 0
+    decoder_starts: int = 0
+    decoder_reuses: int = 0
+    flushes: int = 0
+    frames_returned: int = 0
+
+
+def open(
+    source: VideoSource,
+    *,
+    fetcher: ByteSource | None = None,
+    options: StreamOptions | None = None,
+    token: str | None = None,
+) -> VideoReader:
+    """A reader of one video file: use it as ``async with video.open(source) as reader``.
+
+    ``source`` is an http(s) URL, a ``file://`` URL, a local path or a ``FileRef``.
+    ``fetcher`` is any ``ByteSource`` (a ``RangeFetcher``, shared by many readers);
+    without one the reader creates a ``RangeFetcher(options, token=token)`` and closes
+    it with itself. Opening reads the file's index; a file that is not a video, or
+    whose codec PyAV cannot decode, raises ``DecodeError``.
+    """
+    return VideoReader(_file_ref(source), fetcher=fetcher, options=options, token=token)
+
+
+class VideoReader:
+    """Frames of one video file by timestamp. Create with ``video.open``."""
+
+    def __init__(
+        self,
+        file: FileRef,
+        *,
+        fetcher: ByteSource | None = None,
+        options: StreamOptions | None = None,
+        token: str | None = None,
+    ) -> None:
+        self.file = file
+        self._source = fetcher
+        self._owned: Any = None  # the RangeFetcher this reader created, if any
+        self._options = options
+        self._token = token
+        self._index: _Indexed | _Demuxed | None = None
+        self._closed = False
+        self._lock = anyio.Lock()
+        self._stats: dict[str, Any] = {}
+
+    # -- lifecycle -------------------------------------------------------------------
+
+    async def __aenter__(self) -> VideoReader:
+        await self.aopen()
+        return self
+
+    async def __aexit__(
+        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.aclose()
+
+    async def aopen(self) -> None:
+        """Read the file's index (``async with`` does this)."""
+        if self._closed:
+            raise ClosedResourceError(f"this VideoReader of {self.file.path} is closed")
+        if self._index is not None:
+            return
+        if self._source is None:
+            from .._fetcher import RangeFetcher
+
+            self._owned = self._source = RangeFetcher(self._options, token=self._token)
+        try:
+            self._index = await _load(self.file, self._source, self._stats)
+        except BaseException:
+            await self.aclose()
+            raise
+
+    async def aclose(self) -> None:
+        """Drop the decoder and close the fetcher this reader created (not one passed in)."""
+        if self._closed:
+            return
+        self._closed = True
+        if isinstance(self._index, _Indexed):
+            self._index.state = None
+            self._index.recent.clear()
+        owned, self._owned = self._owned, None
+        if owned is not None:
+            with anyio.CancelScope(shield=True):
+                await owned.aclose()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def _opened(self) -> _Indexed | _Demuxed:
+        if self._closed:
+            raise ClosedResourceError(f"this VideoReader of {self.file.path} is closed")
+        if self._index is None:
+            raise RuntimeError(
+                f"the VideoReader of {self.file.path} is not open: "
+                "use `async with video.open(...) as reader`"
+            )
+        return self._index
+
+    # -- metadata --------------------------------------------------------------------
+
+    @property
+    def fps(self) -> float:
+        """Average frames per second."""
+        return self._opened().fps
+
+    @property
+    def duration(self) -> float:
+        """Seconds from 0 to the end of the last frame (its pts plus its duration)."""
+        return self._opened().duration
+
+    @property
+    def codec(self) -> str:
+        """FFmpeg's codec name: h264, hevc, av1, vp9, ..."""
+        return self._opened().codec
+
+    @property
+    def width(self) -> int:
+        return self._opened().width
+
+    @property
+    def height(self) -> int:
+        return self._opened().height
+
+    @property
+    def frame_count(self) -> int:
+        """Frames presented (frames an edit list hides are not counted)."""
+        return len(self._opened().shown_ticks)
+
+    @property
+    def keyframe_count(self) -> int:
+        return self._opened().keyframe_count
+
+    @property
+    def pts(self) -> npt.NDArray[np.float64]:
+        """The presentation time of every frame, in seconds, ascending (a copy)."""
+        return np.array(self._opened().shown_s, dtype=np.float64)
+
+    def statistics(self) -> VideoStatistics:
+        index = self._index
+        indexed = isinstance(index, _Indexed)
+        reason = index.reason if isinstance(index, _Demuxed) else None
+        return VideoStatistics(indexed=indexed, fallback_reason=reason, **self._stats)
+
+    # -- frames ----------------------------------------------------------------------
+
+    async def frames_at(
+        self, timestamps: Sequence[float] | Array, *, tolerance_s: float = 1e-4
+    ) -> Frames:
+        """The frame nearest (by presentation time) to each timestamp, in the order given.
+
+        Raises ``FrameTimestampError`` naming the file, the timestamp and the nearest
+        frame's pts when that frame is more than ``tolerance_s`` away, and for a
+        timestamp outside ``[0, duration]``. Fetches the needed samples in one
+        ``read_ranges`` call.
+        """
+        index = self._opened()
+        wanted = np.asarray(timestamps, dtype=np.float64)
+        if wanted.ndim != 1:
+            raise ValueError(
+                f"frames_at of {self.file.path}: timestamps must be one-dimensional, "
+                f"got shape {wanted.shape}"
+            )
+        if not tolerance_s >= 0:
+            raise ValueError(f"frames_at of {self.file.path}: tolerance_s={tolerance_s} < 0")
+        positions = _nearest(index, wanted, tolerance_s, self.file.path)
+        return await self._frames(index, positions)
+
+    async def frames_in_range(self, start: float, end: float) -> Frames:
+        """Every frame whose presentation time lies in ``[start, end)`` seconds."""
+        index = self._opened()
+        for value in (start, end):
+            _check_in_range(index, float(value), self.file.path)
+        if end < start:
+            raise ValueError(f"frames_in_range of {self.file.path}: end {end} < start {start}")
+        lo = int(np.searchsorted(index.shown_s, start - 1e-9, side="left"))
+        hi = int(np.searchsorted(index.shown_s, end - 1e-9, side="left"))
+        return await self._frames(index, np.arange(lo, hi, dtype=np.int64))
+
+    async def _frames(self, index: _Indexed | _Demuxed, positions: Array) -> Frames:
+        if len(positions) == 0:
+            empty = np.empty((0, index.height, index.width, 3), dtype=np.uint8)
+            return Frames(empty, np.empty(0, dtype=np.float64))
+        unique = sorted({int(p) for p in positions})
+        if isinstance(index, _Indexed):
+            async with self._lock:
+                images = await self._decode_indexed(index, unique)
+        else:
+            images = await anyio.to_thread.run_sync(_decode_demuxed, index, unique, self.file.path)
+        try:
+            data = np.stack([images[int(p)] for p in positions])
+        except ValueError as exc:
+            raise DecodeError(f"{self.file.path}: frames of different sizes: {exc}") from exc
+        self._count("frames_returned", len(positions))
+        return Frames(data, index.shown_s[positions])
+
+    async def _decode_indexed(self, index: _Indexed, positions: list[int]) -> dict[int, Array]:
+        samples = [int(index.shown_samples[p]) for p in positions]
+        runs = index.plan([s for s in samples if int(index.table.cts[s]) not in index.recent])
+        ranges = _byte_ranges(index.table, runs)
+        buffers: list[bytes] = []
+        if ranges:
+            assert self._source is not None
+            buffers = await self._source.read_ranges(self.file, ranges)
+            self._count("frame_requests", 1)
+            self._count("frame_bytes", sum(len(b) for b in buffers))
+        for (start, end), buf in zip(ranges, buffers, strict=True):
+            if len(buf) != end - start:
+                raise DecodeError(
+                    f"{self.file.path}: asked for bytes {start}-{end - 1}, got {len(buf)} bytes"
+                )
+        chunks = _sample_views(index.table, ranges, buffers, runs)
+        outcome = await anyio.to_thread.run_sync(index.decode, runs, chunks, samples)
+        for name, value in outcome.counts.items():
+            self._count(name, value)
+        return {p: outcome.images[s] for p, s in zip(positions, samples, strict=True)}
+
+    def _count(self, name: str, n: int) -> None:
+        self._stats[name] = self._stats.get(name, 0) + n
+
+
+# -- sources ---------------------------------------------------------------------------
+
+
+def _file_ref(source: VideoSource) -> FileRef:
+    if isinstance(source, FileRef):
+        return source
+    if isinstance(source, str):
+        scheme = urllib.parse.urlsplit(source).scheme.lower()
+        if scheme in ("http", "https"):
+            return FileRef(source, source)
+        if scheme == "file":
+            return _local_ref(Path(urllib.request.url2pathname(urllib.parse.urlsplit(source).path)))
+        if len(scheme) > 1:
+            raise SourceError(
+                f"cannot open {source!r} as a video: give an http(s) URL, a file:// URL, "
+                "a local path or a FileRef"
+            )
+    elif not isinstance(source, os.PathLike):
+        raise SourceError(
+            f"cannot open {source!r} as a video: give an http(s) URL, a file:// URL, "
+            "a local path or a FileRef"
+        )
+    return _local_ref(Path(os.fspath(source)).expanduser())
+
+
+def _local_ref(path: Path) -> FileRef:
+    if not path.is_file():
+        raise SourceError(f"no video file at {str(path)!r}: check the path")
+    path = path.resolve()
+    return FileRef(path.as_uri(), str(path), size=path.stat().st_size)
+
+
+# -- opening: find and read the index ----------------------------------------------------
+
+
+class _Reads:
+    """Index reads through a ByteSource, keeping what was read for the next hops."""
+
+    def __init__(self, file: FileRef, source: ByteSource, size: int, stats: dict[str, Any]) -> None:
+        self.file = file
+        self.source = source
+        self.size = size
+        self.stats = stats
+        self.buffers: list[tuple[int, bytes]] = []
+
+    def add(self, start: int, data: bytes) -> None:
+        self.buffers.append((start, data))
+
+    async def get(self, start: int, end: int) -> bytes:
+        """Bytes ``[start, end)``; a miss reads at least ``HEAD_READ_SIZE`` bytes from start."""
+        end = min(end, self.size)
+        prefix = b""
+        read_from = start
+        for offset, data in self.buffers:
+            if offset <= start and end <= offset + len(data):
+                return data[start - offset : end - offset]
+            if offset <= start < offset + len(data) and offset + len(data) > read_from:
+                prefix, read_from = data[start - offset :], offset + len(data)
+        read_to = min(self.size, max(end, read_from + HEAD_READ_SIZE))
+        (data,) = await self.source.read_ranges(self.file, [(read_from, read_to)])
+        self.stats["index_requests"] = self.stats.get("index_requests", 0) + 1
+        self.stats["index_bytes"] = self.stats.get("index_bytes", 0) + len(data)
+        if len(data) != read_to - read_from:
+            raise DecodeError(
+                f"{self.file.path}: asked for bytes {read_from}-{read_to - 1}, got {len(data)}"
+            )
+        self.add(read_from, data)
+        return prefix + data[: end - read_from]
+
+
+async def _load(file: FileRef, source: ByteSource, stats: dict[str, Any]) -> _Indexed | _Demuxed:
+    name = file.path
+    size = file.size
+    tail: bytes | None = None
+    if size is None:  # the tail read tells the size, and holds a moov at the end
+        tail, size = await source.read_tail(file, HEAD_READ_SIZE)
+        stats["index_requests"] = stats.get("index_requests", 0) + 1
+        stats["index_bytes"] = stats.get("index_bytes", 0) + len(tail)
+    if size == 0:
+        raise DecodeError(f"{name} is not a video file: it is empty")
+    reads = _Reads(file, source, size, stats)
+    if tail is not None:
+        reads.add(size - len(tail), tail)
+    head = await reads.get(0, HEAD_READ_SIZE)
+    kind = container_kind(head[:256])
+    if kind is None:
+        raise DecodeError(
+            f"{name} is not a video file (MP4, Matroska/WebM, AVI, MPEG-TS, ...): "
+            f"it starts with {head[:16]!r}"
+        )
+    found: SampleTable | NoIndex
+    if kind == "mp4":
+        found = await _find_moov(reads, name)
+    else:
+        found = NoIndex(f"a {kind} file (only MP4 has an index read by range)")
+    if isinstance(found, SampleTable):
+        return await anyio.to_thread.run_sync(_Indexed, found)
+    data = await reads.get(0, size)
+    return await anyio.to_thread.run_sync(_Demuxed, data, found, name)
+
+
+async def _find_moov(reads: _Reads, name: str) -> SampleTable | NoIndex:
+    pos = 0
+    while pos < reads.size:
+        box = read_box_header(await reads.get(pos, pos + BOX_HEADER_MAX), pos, reads.size, name)
+        if box.type == "moov":
+            moov = await reads.get(box.start, box.end)
+            return await anyio.to_thread.run_sync(parse_moov, moov, name)
+        if box.type == "moof":
+            return NoIndex("fragmented MP4 (moof before moov)")
+        pos = box.end
+    raise DecodeError(f"{name}: an MP4 file without a moov box (truncated, or still being written)")
+
+
+# -- timestamps --------------------------------------------------------------------------
+
+
+def _check_in_range(index: _Indexed | _Demuxed, t: float, name: str) -> None:
+    if not 0.0 <= t <= index.duration + 1e-9:
+        raise FrameTimestampError(
+            f"{name}: timestamp {t!r}s is outside the video, which spans [0, {index.duration:.6f}]s"
+        )
+
+
+def _nearest(index: _Indexed | _Demuxed, wanted: Array, tolerance_s: float, name: str) -> Array:
+    """The position (in presentation order) of the frame nearest to each timestamp."""
+    shown = index.shown_s
+    for t in wanted:
+        _check_in_range(index, float(t), name)
+    right = np.clip(np.searchsorted(shown, wanted, side="left"), 0, len(shown) - 1)
+    left = np.clip(right - 1, 0, len(shown) - 1)
+    pick_left = np.abs(wanted - shown[left]) <= np.abs(shown[right] - wanted)  # ties: earlier
+    positions: Array = np.where(pick_left, left, right)
+    gaps = np.abs(shown[positions] - wanted)
+    bad = np.flatnonzero(gaps > tolerance_s)
+    if len(bad):
+        i = int(bad[0])
+        raise FrameTimestampError(
+            f"{name}: no frame within tolerance_s={tolerance_s} of timestamp "
+            f"{float(wanted[i])!r}s: the nearest frame is at pts {float(shown[positions[i]])!r}s "
+            f"({float(gaps[i]):.6f}s away; the video has {index.fps:.3f} fps)"
+        )
+    return positions
+
+
+# -- the indexed path: plan, fetch, decode ------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _Run:
+    """Samples ``[start, end]`` (decode order) fed to one decoder to output ``targets``."""
+
+    key: int  # the keyframe the decoder starts from (or started from, when reused)
+    start: int  # the first sample to feed
+    end: int  # the last sample to feed (inclusive); start > end feeds nothing
+    targets: tuple[int, ...]
+    reuse: bool = False
+
+
+@dataclass
+class _State:
+    """A decoder fed samples ``[key, next)`` contiguously; its last output frame's cts."""
+
+    context: VideoCodecContext
+    key: int
+    next: int
+    last_cts: int | None
+
+
+@dataclass
+class _Outcome:
+    images: dict[int, Array]
+    counts: dict[str, int] = field(default_factory=dict)
+
+
+class _Indexed:
+    """A file decoded from its MP4 index: the sample table and the decoder state."""
+
+    def __init__(self, table: SampleTable) -> None:
+        self.table = table
+        self.decoder = _decoder_for(table.codec, table.fourcc, table.name)
+        self.codec = table.codec
+        self.width = table.width
+        self.height = table.height
+        self.keyframe_count = table.keyframe_count
+        self.duration = table.duration_s
+        self.fps = table.fps
+        self.keys = np.flatnonzero(table.is_key)
+        shown = np.flatnonzero(table.shown)
+        self.shown_samples = shown[np.argsort(table.pts[shown], kind="stable")]
+        self.shown_ticks = table.pts[self.shown_samples]
+        self.shown_s: npt.NDArray[np.float64] = self.shown_ticks / np.float64(table.timescale)
+        self.time_base = Fraction(1, table.timescale)
+        self.depth = table.reorder_depth()
+        self.cumsize = np.concatenate([[0], np.cumsum(table.size)]).astype(np.int64)
+        self.state: _State | None = None
+        # The last frames the decoder output (undecoded to RGB): a frame held back until a
+        # drain, or asked for again, needs no decoding from its keyframe.
+        self.recent: OrderedDict[int, VideoFrame] = OrderedDict()
+
+    # Planning is plain synchronous code on the event loop; decode runs in a thread.
+
+    def keyframe_for(self, j: int) -> int:
+        """The keyframe to decode sample ``j`` from: the last one at or before it in decode
+        order that is not presented after it (a leading frame of an open GOP needs the
+        GOP before)."""
+        keys, cts = self.keys, self.table.cts
+        pos = int(np.searchsorted(keys, j, side="right")) - 1
+        while pos >= 0 and cts[keys[pos]] > cts[j]:
+            pos -= 1
+        if pos >= 0:
+            return int(keys[pos])
+        return int(keys[0]) if len(keys) and keys[0] <= j else 0
+
+    def _gop_limit(self, j: int) -> int:
+        """The last sample before the keyframe after ``j`` (or the last sample)."""
+        n = self.table.sample_count
+        nxt = int(np.searchsorted(self.keys, j, side="right"))
+        return min(n, int(self.keys[nxt]) if nxt < len(self.keys) else n, j + _SCAN) - 1
+
+    def needed_end(self, j: int) -> int:
+        """The last sample needed to output ``j``: ``j``, or a later-decoded frame of its GOP
+        that is presented before it (every earlier frame is output first)."""
+        cts = self.table.cts
+        later = cts[j + 1 : self._gop_limit(j) + 1]
+        before = np.flatnonzero(later < cts[j])
+        return j + 1 + int(before[-1]) if len(before) else j
+
+    def output_end(self, j: int, need: int) -> int:
+        """The last sample to feed so that a decoder holding back ``depth`` frames outputs
+        ``j`` without being drained. It may reach into the next GOP: its keyframe makes the
+        decoder output what it holds of this one, and decoding goes on from there."""
+        cts = self.table.cts
+        k = self.keyframe_for(j)
+        limit = min(self.table.sample_count, j + _SCAN) - 1
+        held = int(np.count_nonzero(cts[max(k, j - _SCAN) : need + 1] > cts[j]))
+        end = need
+        while held < self.depth and end < limit:
+            end += 1
+            held += int(cts[end] > cts[j])
+        return end
+
+    def plan(self, samples: list[int]) -> list[_Run]:
+        """The decoder runs that output ``samples``: one per group of nearby GOPs.
+
+        Each run feeds the samples from its keyframe to the last one needed, plus, when
+        they cost at most ``_MARGIN_BUDGET`` of that, the few after it that make the
+        decoder output the last target without being drained, so that its state can
+        serve the next call.
+        """
+        cts = self.table.cts
+        wanted = sorted(set(samples), key=lambda s: (self.keyframe_for(s), int(cts[s])))
+        groups: list[tuple[int, int, int, list[int]]] = []  # key, need, margin end, targets
+        for j in wanted:
+            k, need = self.keyframe_for(j), self.needed_end(j)
+            margin = self.output_end(j, need)
+            if groups and k <= groups[-1][1] + 1:
+                key, last_need, last_margin, targets = groups[-1]
+                groups[-1] = (key, max(last_need, need), max(last_margin, margin), [*targets, j])
+            else:
+                groups.append((k, need, margin, [j]))
+        runs: list[_Run] = []
+        state = self.state
+        for key, need, margin, targets in groups:
+            start, run_key, reuse = key, key, False
+            if (
+                not runs
+                and state is not None
+                and state.key <= key <= state.next
+                and (state.last_cts is None or min(int(cts[t]) for t in targets) > state.last_cts)
+            ):  # the decoder of the last call has fed everything up to here: go on
+                start, run_key, reuse = state.next, state.key, True
+            extra = self._bytes(max(need + 1, start), margin)
+            end = margin if extra <= _MARGIN_BUDGET * self._bytes(key, need) else need
+            runs.append(_Run(run_key, start, end, tuple(targets), reuse))
+        return runs
+
+    def _bytes(self, first: int, last: int) -> int:
+        """The bytes of samples ``first`` to ``last`` (inclusive)."""
+        return int(self.cumsize[last + 1] - self.cumsize[first]) if last >= first else 0
+
+    def decode(
+        self, runs: list[_Run], chunks: dict[int, memoryview], samples: list[int]
+    ) -> _Outcome:
+        """Feed each run's samples to a decoder; the frames of ``samples`` (worker thread)."""
+        state, self.state = self.state, None  # dropped if anything below fails
+        outcome = _Outcome({})
+        counts = outcome.counts
+        table = self.table
+        for sample in samples:
+            frame = self.recent.get(int(table.cts[sample]))
+            if frame is not None:
+                outcome.images[sample] = frame.to_ndarray(format="rgb24")
+        for run in runs:
+            if run.reuse and state is not None:
+                counts["decoder_reuses"] = counts.get("decoder_reuses", 0) + 1
+            else:
+                state = _State(self._new_context(), run.key, run.start, None)
+                counts["decoder_starts"] = counts.get("decoder_starts", 0) + 1
+            pending = {int(table.cts[t]): t for t in run.targets}
+            context = state.context
+            n = run.start
+            try:
+                while pending and n <= run.end:
+                    if table.size[n] == 0:  # an empty packet would drain the decoder
+                        n += 1
+                        continue
+                    packet = av.Packet(bytes(chunks[n]))
+                    packet.pts = int(table.cts[n])  # unique: tells the output frames apart
+                    packet.dts = int(table.cts[n] - table.pts[n] + table.dts[n])
+                    packet.time_base = self.time_base
+                    packet.is_keyframe = bool(table.is_key[n])
+                    n += 1
+                    counts["packets_decoded"] = counts.get("packets_decoded", 0) + 1
+                    self._keep(context.decode(packet), pending, outcome.images, state)
+                state.next = n
+                self.depth = max(self.depth, int(context.reorder_depth))
+                if pending:  # the decoder holds them back: drain it
+                    counts["flushes"] = counts.get("flushes", 0) + 1
+                    self._keep(context.decode(None), pending, outcome.images, state)
+                    state = None
+            except av.FFmpegError as exc:
+                raise DecodeError(
+                    f"{table.name}: cannot decode {table.codec} sample {n - 1} "
+                    f"(bytes {table.offset[n - 1]}-{table.offset[n - 1] + table.size[n - 1] - 1}) "
+                    f"with {self.decoder}: {exc}"
+                ) from exc
+            if pending:
+                missing = ", ".join(f"{c / table.timescale:.6f}s" for c in sorted(pending))
+                raise DecodeError(
+                    f"{table.name}: the {table.codec} decoder gave no frame for cts {missing}"
+                )
+        self.state = state
+        return outcome
+
+    def _keep(
+        self,
+        frames: list[VideoFrame],
+        pending: dict[int, int],
+        images: dict[int, Array],
+        state: _State,
+    ) -> None:
+        for frame in frames:
+            cts = frame.pts
+            if cts is None:
+                raise DecodeError(f"{self.table.name}: the {self.decoder} decoder lost timestamps")
+            state.last_cts = int(cts)
+            self.recent[int(cts)] = frame
+            self.recent.move_to_end(int(cts))
+            if len(self.recent) > _RECENT:
+                self.recent.popitem(last=False)
+            sample = pending.pop(int(cts), None)
+            if sample is not None:
+                images[sample] = frame.to_ndarray(format="rgb24")
+
+    def _new_context(self) -> VideoCodecContext:
+        try:
+            context = cast(VideoCodecContext, av.CodecContext.create(self.decoder, "r"))
+            if self.table.extradata:
+                context.extradata = self.table.extradata
+            context.options = dict(_DECODER_OPTIONS.get(self.decoder, {}))
+            context.open()
+        except av.FFmpegError as exc:
+            raise DecodeError(
+                f"{self.table.name}: cannot open the {self.decoder} decoder for its "
+                f"{self.table.codec} ({self.table.fourcc}) track: {exc}"
+            ) from exc
+        self.depth = max(self.depth, int(context.reorder_depth))
+        return context
+
+
+def _decoder_for(codec: str, fourcc: str, name: str) -> str:
+    candidates = _DECODERS.get(codec, (codec,))
+    for decoder in candidates:
+        if decoder in av.codecs_available:
+            try:
+                av.Codec(decoder, "r")
+            except (av.FFmpegError, ValueError):
+                continue
+            return decoder
+    raise DecodeError(
+        f"{name}: cannot decode its {codec} ({fourcc}) video: this PyAV build has no "
+        f"decoder for it (looked for {', '.join(candidates)})"
+    )
+
+
+def _byte_ranges(table: SampleTable, runs: list[_Run]) -> list[tuple[int, int]]:
+    """The file ranges of the runs' samples, sorted; touching or overlapping ones merged."""
+    samples = np.unique(
+        np.concatenate(
+            [np.arange(r.start, r.end + 1, dtype=np.int64) for r in runs]
+            + [np.zeros(0, dtype=np.int64)]
+        )
+    )
+    samples = samples[table.size[samples] > 0]
+    if len(samples) == 0:
+        return []
+    starts = table.offset[samples]
+    ends = starts + table.size[samples]
+    order = np.argsort(starts, kind="stable")
+    starts, ends = starts[order], ends[order]
+    ranges: list[tuple[int, int]] = []
+    lo, hi = int(starts[0]), int(ends[0])
+    for s, e in zip(starts[1:].tolist(), ends[1:].tolist(), strict=True):
+        if s <= hi:
+            hi = max(hi, e)
+        else:
+            ranges.append((lo, hi))
+            lo, hi = s, e
+    ranges.append((lo, hi))
+    return ranges
+
+
+def _sample_views(
+    table: SampleTable,
+    ranges: list[tuple[int, int]],
+    buffers: list[bytes],
+    runs: list[_Run],
+) -> dict[int, memoryview]:
+    """Each fed sample's bytes, cut (without copying) out of the fetched ranges."""
+    starts = np.array([s for s, _ in ranges], dtype=np.int64)
+    views = [memoryview(b) for b in buffers]
+    out: dict[int, memoryview] = {}
+    for run in runs:
+        for n in range(run.start, run.end + 1):
+            if table.size[n] == 0:
+                continue
+            offset = int(table.offset[n])
+            i = int(np.searchsorted(starts, offset, side="right")) - 1
+            begin = offset - int(starts[i])
+            out[n] = views[i][begin : begin + int(table.size[n])]
+    return out
+
+
+# -- the fallback: the whole file, demuxed by FFmpeg -------------------------------------
+
+
+class _Demuxed:
+    """A file without a usable index, held in memory and decoded with ``av.open``."""
+
+    def __init__(self, data: bytes, why: NoIndex, name: str) -> None:
+        self.data = data
+        self.reason = why.reason
+        self.name = name
+        try:
+            with av.open(io.BytesIO(data), "r") as container:
+                if not container.streams.video:
+                    raise DecodeError(f"{name} has no video stream")
+                stream = container.streams.video[0]
+                self.stream_index = stream.index
+                context = stream.codec_context
+                self.codec = context.name if context is not None else "none"
+                if context is None or not _has_decoder(context):
+                    codec = why.codec or (context.codec_tag if context is not None else None)
+                    raise DecodeError(
+                        f"{name}: cannot decode its video codec {codec or self.codec!r}: "
+                        "this PyAV build has no decoder for it"
+                    )
+                self.width = int(context.width)
+                self.height = int(context.height)
+                time_base = stream.time_base
+                if time_base is None:
+                    raise DecodeError(f"{name}: its video stream has no time base")
+                self.time_base = time_base
+                pts: list[int] = []
+                ends: list[int] = []
+                keys: list[int] = []
+                for packet in container.demux(stream):
+                    if packet.size == 0 or packet.pts is None or packet.is_discard:
+                        continue
+                    pts.append(packet.pts)
+                    ends.append(packet.pts + (packet.duration or 0))
+                    if packet.is_keyframe:
+                        keys.append(packet.pts)
+        except av.FFmpegError as exc:
+            raise DecodeError(f"{name} is not a video PyAV can read: {exc}") from exc
+        if not pts:
+            raise DecodeError(f"{name}: its video stream has no frames")
+        self.shown_ticks = np.array(sorted(pts), dtype=np.int64)
+        # exactly float(pts * time_base), as PyAV's frame.time computes it
+        self.shown_s: npt.NDArray[np.float64] = np.true_divide(
+            self.shown_ticks * time_base.numerator, time_base.denominator
+        )
+        self.keys = np.array(sorted(keys), dtype=np.int64)
+        self.keyframe_count = len(keys)
+        last = int(np.argmax(pts))
+        end = max(ends[last], pts[last])
+        if end == pts[last] and len(pts) > 1:  # no packet duration: one frame interval
+            end += int(self.shown_ticks[-1] - self.shown_ticks[-2])
+        self.duration = float(end * time_base)
+        span = (end - int(self.shown_ticks[0])) * float(time_base)
+        self.fps = len(pts) / span if span > 0 else 0.0
+
+
+def _has_decoder(context: Any) -> bool:
+    try:
+        av.Codec(context.name, "r")
+    except (av.FFmpegError, ValueError):
+        return False
+    return True
+
+
+def _decode_demuxed(index: _Demuxed, positions: list[int], name: str) -> dict[int, Array]:
+    """Decode the frames at ``positions`` (presentation order) from the file in memory."""
+    wanted = {int(index.shown_ticks[p]): p for p in positions}
+    first = min(wanted)
+    keys_before = index.keys[index.keys <= first]
+    seek_to = int(keys_before[-1]) if len(keys_before) else None
+    images = _demux_decode(index, wanted, seek_to, name)
+    if len(images) < len(wanted) and seek_to is not None:  # the seek landed late: from the start
+        images = _demux_decode(index, wanted, None, name)
+    missing = [t for t, p in wanted.items() if p not in images]
+    if missing:
+        raise DecodeError(
+            f"{name}: decoding gave no frame at pts "
+            + ", ".join(f"{float(t * index.time_base):.6f}s" for t in missing)
+        )
+    return images
+
+
+def _demux_decode(
+    index: _Demuxed, wanted: dict[int, int], seek_to: int | None, name: str
+) -> dict[int, Array]:
+    images: dict[int, Array] = {}
+    last = max(wanted)
+    try:
+        with av.open(io.BytesIO(index.data), "r") as container:
+            stream = container.streams[index.stream_index]
+            if seek_to is not None and seek_to > int(index.shown_ticks[0]):
+                container.seek(seek_to, stream=stream, backward=True)
+            for frame in container.decode(stream):
+                if frame.pts is None:
+                    continue
+                position = wanted.get(int(frame.pts))
+                if position is not None:
+                    images[position] = frame.to_ndarray(format="rgb24")
+                if len(images) == len(wanted) or frame.pts > last:
+                    break
+    except av.FFmpegError as exc:
+        raise DecodeError(f"{name}: cannot decode its {index.codec} video: {exc}") from exc
+    return images

@@ -1,0 +1,643 @@
+"""Remote frame sampling: ``video.open(...).frames_at`` against PyAV decoding the whole file.
+
+Test videos are encoded here with PyAV (moving gradients and a binary frame-number
+stripe, so every frame differs). The oracle is ``av.open(path)``: every frame
+decoded in order, the one at the requested pts taken with
+``to_ndarray(format="rgb24")``. Every frame the reader returns must be
+bit-identical, with the same pts.
+
+A local ``ByteSource`` serves the file and records every range asked for, so the
+tests also check the bytes: one ``read_ranges`` call per ``frames_at`` call, and at
+most 1.5x the bytes of the packets from each frame's keyframe to the last packet
+needed to output it (taken from PyAV's demuxer, not from the code under test).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import struct
+from collections.abc import Sequence
+from fractions import Fraction
+from pathlib import Path
+from typing import Any
+
+import anyio
+import anyio.lowlevel
+import av
+import numpy as np
+import pytest
+
+from aiostream_hf._exceptions import (
+    ClosedResourceError,
+    DecodeError,
+    FrameTimestampError,
+    SourceError,
+)
+from aiostream_hf._resolver import FileRef
+from aiostream_hf.formats import _mp4, video
+
+pytestmark = pytest.mark.anyio
+
+W, H = 160, 120
+
+
+# -- test videos ------------------------------------------------------------------------
+
+
+def frame_image(i: int, w: int = W, h: int = H) -> np.ndarray[Any, Any]:
+    """Frame ``i``: moving gradients and the frame number as a binary stripe."""
+    y, x = np.mgrid[0:h, 0:w]
+    image = np.stack(
+        [(x * 4 + i * 3) % 256, (y * 4 + i * 5) % 256, ((x + y) * 2 + i * 7) % 256], axis=-1
+    ).astype(np.uint8)
+    for bit in range(8):
+        image[0:6, bit * 6 : bit * 6 + 6] = 255 if (i >> bit) & 1 else 0
+    return image
+
+
+@dataclasses.dataclass(frozen=True)
+class Spec:
+    encoder: str
+    frames: int = 120
+    options: dict[str, str] = dataclasses.field(default_factory=dict)
+    container: dict[str, str] = dataclasses.field(default_factory=dict)
+    suffix: str = ".mp4"
+    start: int = 0  # pts of the first frame, in frames: >0 makes an empty edit (a delay)
+    audio: bool = False
+    indexed: bool = True
+
+
+SPECS: dict[str, Spec] = {
+    "h264-gop25-moov-end": Spec("libx264", options={"bf": "2", "g": "25"}),
+    "h264-gop25-faststart": Spec(
+        "libx264", options={"bf": "2", "g": "25"}, container={"movflags": "faststart"}
+    ),
+    "h264-gop2": Spec("libx264", options={"bf": "2", "g": "2"}),
+    "h264-gop250": Spec("libx264", frames=300, options={"bf": "3", "g": "250"}),
+    "h264-delay-audio": Spec(
+        "libx264", frames=60, options={"bf": "2", "g": "12"}, start=10, audio=True
+    ),
+    "h264-negative-cts": Spec(
+        "libx264", options={"bf": "2", "g": "25"}, container={"movflags": "negative_cts_offsets"}
+    ),
+    "h264-no-edit-list": Spec(
+        "libx264", frames=60, options={"bf": "2", "g": "25"}, container={"use_editlist": "0"}
+    ),
+    "hevc-open-gop": Spec("libx265", options={"x265-params": "log-level=error:keyint=25"}),
+    "av1": Spec("libsvtav1", frames=90, options={"preset": "12", "svtav1-params": "keyint=30"}),
+    "vp9-mp4": Spec("libvpx-vp9", frames=90, options={"deadline": "realtime", "cpu-used": "8"}),
+    "vp9-webm": Spec(
+        "libvpx-vp9",
+        frames=90,
+        options={"deadline": "realtime", "cpu-used": "8", "g": "30"},
+        suffix=".webm",
+        indexed=False,
+    ),
+    "h264-fragmented": Spec(
+        "libx264",
+        frames=90,
+        options={"bf": "2", "g": "25"},
+        container={"movflags": "frag_keyframe+empty_moov"},
+        indexed=False,
+    ),
+}
+
+
+# Other encoders of the same codec, tried when a spec's encoder is not in this PyAV build.
+ALTERNATIVES: dict[str, list[tuple[str, dict[str, str]]]] = {
+    "libsvtav1": [
+        ("libaom-av1", {"cpu-used": "8", "g": "30", "usage": "realtime"}),
+        ("librav1e", {"speed": "10", "g": "30"}),
+    ],
+}
+
+
+def has_encoder(name: str) -> bool:
+    try:
+        av.Codec(name, "w")
+    except (av.FFmpegError, ValueError):
+        return False
+    return True
+
+
+def encode(path: Path, spec: Spec) -> None:
+    if not has_encoder(spec.encoder):
+        choices = [(e, o) for e, o in ALTERNATIVES.get(spec.encoder, []) if has_encoder(e)]
+        if not choices:
+            others = "".join(f", {e}" for e, _ in ALTERNATIVES.get(spec.encoder, []))
+            pytest.skip(f"this PyAV build has no {spec.encoder}{others} encoder")
+        encoder, options = choices[0]
+        spec = dataclasses.replace(spec, encoder=encoder, options=options)
+    with av.open(str(path), "w", options=spec.container) as container:
+        stream = container.add_stream(spec.encoder, rate=30, options=spec.options)
+        stream.width, stream.height, stream.pix_fmt = W, H, "yuv420p"
+        audio = container.add_stream("aac", rate=16000) if spec.audio else None
+        samples = 0
+        for i in range(spec.frames):
+            frame = av.VideoFrame.from_ndarray(frame_image(i), format="rgb24")
+            frame.pts, frame.time_base = i + spec.start, Fraction(1, 30)
+            container.mux(stream.encode(frame))
+            while audio is not None and samples < (i + spec.start + 1) * 16000 // 30:
+                tone = np.sin(np.arange(samples, samples + 1024) / 9.0).astype(np.float32)
+                chunk = av.AudioFrame.from_ndarray(tone[None, :], format="fltp", layout="mono")
+                chunk.sample_rate, chunk.pts, chunk.time_base = 16000, samples, Fraction(1, 16000)
+                container.mux(audio.encode(chunk))
+                samples += 1024
+        container.mux(stream.encode(None))
+        if audio is not None:
+            container.mux(audio.encode(None))
+
+
+@dataclasses.dataclass
+class Oracle:
+    """What PyAV says about a file: its frames by pts, and its packets in decode order."""
+
+    path: Path
+    times: list[float]  # frame times in seconds, ascending
+    images: dict[float, np.ndarray[Any, Any]]
+    packets: list[tuple[int, int, int, bool]]  # pts, pos, size, keyframe (decode order)
+    time_base: Fraction
+    codec: str
+    keyframes: int
+
+    def reference_bytes(self, times: Sequence[float]) -> int:
+        """Bytes of the packets from each frame's keyframe to the last one needed to output
+        it: the keyframe at or before it in decode order and not shown after it, up to the
+        last packet of its GOP shown before it."""
+        by_time = {float(p[0] * self.time_base): i for i, p in enumerate(self.packets)}
+        needed: set[int] = set()
+        for t in times:
+            j = by_time[t]
+            pts = self.packets[j][0]
+            k = max(
+                (i for i in range(j + 1) if self.packets[i][3] and self.packets[i][0] <= pts),
+                default=0,
+            )
+            nxt = next((i for i in range(j + 1, len(self.packets)) if self.packets[i][3]), None)
+            end = max([j, *(i for i in range(j + 1, nxt or len(self.packets))
+                            if self.packets[i][0] < pts)])  # fmt: skip
+            needed.update(range(k, end + 1))
+        return sum(self.packets[i][2] for i in needed)
+
+
+def decode_oracle(path: Path) -> Oracle:
+    with av.open(str(path)) as container:
+        stream = container.streams.video[0]
+        assert stream.time_base is not None
+        time_base = stream.time_base
+        codec = stream.codec_context.name
+        images = {
+            float(f.time): f.to_ndarray(format="rgb24")
+            for f in container.decode(stream)
+            if f.time is not None
+        }
+    with av.open(str(path)) as container:
+        stream = container.streams.video[0]
+        packets = [
+            (p.pts, p.pos, p.size, p.is_keyframe)
+            for p in container.demux(stream)
+            if p.size and p.pts is not None and p.pos is not None
+        ]
+    return Oracle(
+        path=path,
+        times=sorted(images),
+        images=images,
+        packets=packets,
+        time_base=time_base,
+        codec=codec,
+        keyframes=sum(p[3] for p in packets),
+    )
+
+
+class Videos:
+    """The test videos of SPECS, each encoded (and decoded by the oracle) when first used."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.oracles: dict[str, Oracle] = {}
+
+    def __getitem__(self, name: str) -> Oracle:
+        if name not in self.oracles:
+            path = self.root / f"{name}{SPECS[name].suffix}"
+            encode(path, SPECS[name])
+            self.oracles[name] = decode_oracle(path)
+        return self.oracles[name]
+
+
+@pytest.fixture(scope="module")
+def videos(tmp_path_factory: pytest.TempPathFactory) -> Videos:
+    return Videos(tmp_path_factory.mktemp("videos"))
+
+
+class LocalSource:
+    """A ByteSource over one local file that records every read asked of it."""
+
+    def __init__(self, path: Path) -> None:
+        self.data = path.read_bytes()
+        self.calls: list[tuple[str, list[tuple[int, int]]]] = []
+
+    async def read_ranges(self, file: FileRef, ranges: Sequence[tuple[int, int]]) -> list[bytes]:
+        ranges = list(ranges)
+        for start, end in ranges:
+            assert 0 <= start < end <= len(self.data), (start, end)
+        assert ranges == sorted(ranges)
+        self.calls.append(("ranges", ranges))
+        await anyio.lowlevel.checkpoint()
+        return [self.data[start:end] for start, end in ranges]
+
+    async def read_tail(self, file: FileRef, n: int) -> tuple[bytes, int]:
+        start = max(0, len(self.data) - n)
+        self.calls.append(("tail", [(start, len(self.data))]))
+        await anyio.lowlevel.checkpoint()
+        return self.data[start:], len(self.data)
+
+    def since(self, mark: int) -> tuple[int, int]:
+        """(read_ranges calls, bytes) since ``mark`` calls."""
+        calls = self.calls[mark:]
+        assert all(kind == "ranges" for kind, _ in calls)
+        return len(calls), sum(end - start for _, ranges in calls for start, end in ranges)
+
+
+def nearest(times: Sequence[float], value: float) -> float:
+    return min(times, key=lambda t: abs(t - value))
+
+
+def assert_frames(oracle: Oracle, frames: video.Frames, times: Sequence[float]) -> None:
+    assert frames.data.dtype == np.uint8
+    assert frames.data.shape == (len(times), H, W, 3)
+    assert frames.pts.tolist() == list(times)
+    for got, t in zip(frames.data, times, strict=True):
+        assert np.array_equal(got, oracle.images[t]), f"frame at {t}s differs from PyAV's"
+
+
+# -- frames match PyAV, with bounded bytes -------------------------------------------------
+
+
+@pytest.mark.parametrize("name", list(SPECS))
+async def test_frames_at_matches_pyav(videos: Videos, name: str) -> None:
+    oracle = videos[name]
+    t = oracle.times
+    n = len(t)
+    calls = [
+        [t[0]],  # start
+        [t[n // 2]],  # middle
+        [t[-1]],  # end
+        [t[n // 2 + 5], t[3], t[n - 4], t[3], t[n // 3]],  # out of order, repeated, GOPs apart
+        [t[30], t[31], t[32]],  # forward within a GOP
+        [t[33]],  # forward again: continues the decoder of the call before
+        [t[33], t[34]],  # a repeat and the next one
+        [t[12] + 3e-5, t[40] - 3e-5],  # within the tolerance
+        [t[25], t[24], t[26]],  # around a keyframe
+        [],
+    ]
+    source = LocalSource(oracle.path)
+    async with video.open(oracle.path, fetcher=source) as reader:
+        stats = reader.statistics()
+        assert stats.indexed is SPECS[name].indexed
+        for times in calls:
+            mark = len(source.calls)
+            frames = await reader.frames_at(times)
+            expected = [nearest(t, v) for v in times]
+            assert_frames(oracle, frames, expected)
+            requests, nbytes = source.since(mark)
+            if not SPECS[name].indexed:
+                assert requests == 0  # the whole file was read at open
+                continue
+            assert requests <= 1, "one read_ranges call per frames_at call"
+            if expected:
+                reference = oracle.reference_bytes(expected)
+                assert nbytes <= 1.5 * reference, (times, nbytes, reference)
+        everything = await reader.frames_in_range(0.0, reader.duration)
+        assert_frames(oracle, everything, t)
+
+
+@pytest.mark.parametrize("name", list(SPECS))
+async def test_metadata(videos: Videos, name: str) -> None:
+    oracle = videos[name]
+    source = LocalSource(oracle.path)
+    async with video.open(oracle.path, fetcher=source) as reader:
+        assert reader.frame_count == len(oracle.times)
+        assert reader.keyframe_count == oracle.keyframes
+        assert (reader.width, reader.height) == (W, H)
+        assert reader.pts.tolist() == oracle.times
+        assert reader.fps == pytest.approx(30, rel=0.01)
+        assert reader.duration == pytest.approx(oracle.times[-1] + 1 / 30, abs=2e-3)
+        assert reader.codec == {"libdav1d": "av1"}.get(oracle.codec, oracle.codec)
+        stats = reader.statistics()
+        if stats.indexed:
+            assert stats.index_requests <= 2
+            assert source.calls[0] == ("ranges", [(0, min(len(source.data), 64 * 1024))])
+        else:
+            assert stats.fallback_reason
+            assert stats.index_bytes == len(source.data)
+
+
+async def test_fetches_only_the_index_then_the_frames(videos: Videos) -> None:
+    oracle = videos["h264-gop250"]
+    size = oracle.path.stat().st_size
+    assert size > _mp4.HEAD_READ_SIZE  # so that moov, at the end, is out of the head
+    source = LocalSource(oracle.path)
+    async with video.open(oracle.path, fetcher=source) as reader:
+        stats = reader.statistics()
+        assert stats.index_requests == 2  # the head (ftyp, mdat header), then moov
+        moov_start = source.calls[1][1][0][0]
+        assert stats.index_bytes <= _mp4.HEAD_READ_SIZE + size - moov_start
+        frames = await reader.frames_at([oracle.times[100]])
+        assert_frames(oracle, frames, [oracle.times[100]])
+        assert reader.statistics().frame_bytes <= 1.5 * oracle.reference_bytes([oracle.times[100]])
+
+    path = videos["h264-gop25-faststart"].path
+    async with video.open(path, fetcher=LocalSource(path)) as reader:
+        assert reader.statistics().index_requests == 1  # moov comes first: the head holds it
+
+
+async def test_sequential_calls_continue_the_decoder(videos: Videos) -> None:
+    """One call per frame through a 250-frame GOP costs about the GOP once, not per frame."""
+    oracle = videos["h264-gop250"]
+    source = LocalSource(oracle.path)
+    async with video.open(oracle.path, fetcher=source) as reader:
+        for t in oracle.times[:270]:
+            assert_frames(oracle, await reader.frames_at([t]), [t])
+        stats = reader.statistics()
+    assert stats.decoder_reuses >= 260
+    assert stats.decoder_starts <= 3
+    all_packets = sum(p[2] for p in oracle.packets[:280])
+    assert stats.frame_bytes <= 1.2 * all_packets
+    assert stats.frames_returned == 270
+
+
+@pytest.mark.parametrize("head", [256, 1024])
+async def test_small_head_reads(videos: Videos, monkeypatch: pytest.MonkeyPatch, head: int) -> None:
+    """A moov larger than the first read, at the end or at the start, is read in pieces."""
+    monkeypatch.setattr(video, "HEAD_READ_SIZE", head)
+    for name, most in [("h264-gop25-moov-end", 3), ("h264-gop25-faststart", 2)]:
+        oracle = videos[name]
+        source = LocalSource(oracle.path)
+        async with video.open(oracle.path, fetcher=source) as reader:
+            assert reader.statistics().index_requests <= most
+            assert reader.statistics().index_bytes < len(source.data) / 2
+            frames = await reader.frames_at([oracle.times[7], oracle.times[70]])
+            assert_frames(oracle, frames, [oracle.times[7], oracle.times[70]])
+
+
+async def test_unknown_size_reads_the_tail_first(videos: Videos) -> None:
+    oracle = videos["h264-gop250"]  # larger than the tail read
+    source = LocalSource(oracle.path)
+    file = FileRef(url="https://example.test/clip.mp4", path="clip.mp4")
+    async with video.open(file, fetcher=source) as reader:
+        assert source.calls[0][0] == "tail"
+        assert reader.statistics().index_requests == 2  # tail (holding moov), head
+        frames = await reader.frames_at(oracle.times[::17])
+        assert_frames(oracle, frames, oracle.times[::17])
+
+
+async def test_concurrent_calls_on_one_reader(videos: Videos) -> None:
+    oracle = videos["h264-gop25-moov-end"]
+    results: dict[int, video.Frames] = {}
+    asks = {i: oracle.times[i * 9 : i * 9 + 4] for i in range(8)}
+    async with video.open(oracle.path, fetcher=LocalSource(oracle.path)) as reader:
+
+        async def ask(i: int) -> None:
+            results[i] = await reader.frames_at(asks[i])
+
+        async with anyio.create_task_group() as tg:
+            for i in asks:
+                tg.start_soon(ask, i)
+    for i, times in asks.items():
+        assert_frames(oracle, results[i], times)
+
+
+async def test_frames_in_range(videos: Videos) -> None:
+    oracle = videos["hevc-open-gop"]
+    t = oracle.times
+    async with video.open(oracle.path, fetcher=LocalSource(oracle.path)) as reader:
+        assert_frames(oracle, await reader.frames_in_range(t[20], t[40]), t[20:40])
+        assert_frames(oracle, await reader.frames_in_range(t[5] - 0.001, t[6]), [t[5]])
+        empty = await reader.frames_in_range(t[5] + 0.001, t[5] + 0.002)
+        assert empty.data.shape == (0, H, W, 3)
+        assert len(empty) == 0
+
+
+# -- the MP4 parser on rewritten index boxes ---------------------------------------------
+
+
+def _boxes(data: bytes, start: int, end: int) -> list[tuple[str, bytes]]:
+    out = []
+    while start < end:
+        size, kind = struct.unpack_from(">I4s", data, start)
+        out.append((kind.decode("latin-1"), data[start + 8 : start + size]))
+        start += size
+    return out
+
+
+_NESTED = {"moov", "trak", "mdia", "minf", "stbl", "edts"}
+
+
+def _rewrite(kind: str, payload: bytes) -> bytes:
+    """One box, with stco turned into co64 and stsz into 16-bit stz2, inside containers."""
+    if kind in _NESTED:
+        inner = b"".join(_rewrite(k, p) for k, p in _boxes(payload, 0, len(payload)))
+        return struct.pack(">I4s", 8 + len(inner), kind.encode()) + inner
+    if kind == "stco":
+        (count,) = struct.unpack_from(">I", payload, 4)
+        offsets = struct.unpack_from(f">{count}I", payload, 8)
+        kind, payload = "co64", payload[:8] + struct.pack(f">{count}Q", *offsets)
+    elif kind == "stsz":
+        uniform, count = struct.unpack_from(">II", payload, 4)
+        sizes = struct.unpack_from(f">{count}I", payload, 12)
+        assert uniform == 0
+        assert max(sizes) < 65536
+        kind = "stz2"
+        payload = payload[:4] + struct.pack(">I", 16) + struct.pack(f">I{count}H", count, *sizes)
+    return struct.pack(">I4s", 8 + len(payload), kind.encode()) + payload
+
+
+async def test_co64_and_stz2(videos: Videos, tmp_path: Path) -> None:
+    oracle = videos["h264-delay-audio"]  # moov at the end, two tracks
+    data = oracle.path.read_bytes()
+    top = _boxes(data, 0, len(data))
+    assert [k for k, _ in top][-1] == "moov"
+    rewritten = data[: len(data) - len(top[-1][1]) - 8] + _rewrite("moov", top[-1][1])
+    assert b"co64" in rewritten
+    assert b"stz2" in rewritten
+    path = tmp_path / "co64.mp4"
+    path.write_bytes(rewritten)
+    before = _mp4.parse_moov(data[len(data) - len(top[-1][1]) - 8 :], "a")
+    after = _mp4.parse_moov(rewritten[len(data) - len(top[-1][1]) - 8 :], "b")
+    assert isinstance(before, _mp4.SampleTable)
+    assert isinstance(after, _mp4.SampleTable)
+    for column in ("offset", "size", "dts", "pts", "is_key", "shown"):
+        assert np.array_equal(getattr(before, column), getattr(after, column)), column
+    async with video.open(path, fetcher=LocalSource(path)) as reader:
+        frames = await reader.frames_at(oracle.times[::5])
+        assert_frames(oracle, frames, oracle.times[::5])
+
+
+@pytest.mark.parametrize("skip", [5 * 512, 5 * 512 + 100])
+async def test_edit_list_that_hides_frames(videos: Videos, tmp_path: Path, skip: int) -> None:
+    """An edit starting mid-GOP (as ``ffmpeg -ss ... -c copy`` writes): the frames before
+    it are decoded, never shown, and the first shown frame is at 0."""
+    data = bytearray(videos["h264-gop25-moov-end"].path.read_bytes())
+    elst = data.index(b"elst")
+    version, count, duration, media_time = struct.unpack_from(">B3xIIi", data, elst + 4)
+    assert (version, count) == (0, 1)
+    struct.pack_into(">i", data, elst + 16, media_time + skip)  # 512 ticks per frame
+    path = tmp_path / f"trimmed-{skip}.mp4"
+    path.write_bytes(bytes(data))
+    oracle = decode_oracle(path)
+    assert len(oracle.times) < SPECS["h264-gop25-moov-end"].frames
+    assert oracle.times[0] == 0.0
+    async with video.open(path, fetcher=LocalSource(path)) as reader:
+        assert reader.frame_count == len(oracle.times)
+        assert_frames(oracle, await reader.frames_in_range(0.0, reader.duration), oracle.times)
+    async with video.open(path, fetcher=LocalSource(path)) as reader:
+        times = [oracle.times[i] for i in (0, 1, 20, 2, 60)]
+        assert_frames(oracle, await reader.frames_at(times), times)
+
+
+def test_parser_matches_pyav_demuxer(videos: Videos) -> None:
+    for name, spec in SPECS.items():
+        if not spec.indexed:
+            continue
+        oracle = videos[name]
+        data = oracle.path.read_bytes()
+        pos = 0
+        while True:
+            box = _mp4.read_box_header(data[pos : pos + 16], pos, len(data), name)
+            if box.type == "moov":
+                break
+            pos = box.end
+        table = _mp4.parse_moov(data[box.start : box.end], name)
+        assert isinstance(table, _mp4.SampleTable)
+        assert table.offset.tolist() == [p[1] for p in oracle.packets], name
+        assert table.size.tolist() == [p[2] for p in oracle.packets], name
+        assert table.pts.tolist() == [p[0] for p in oracle.packets], name
+        assert table.is_key.tolist() == [p[3] for p in oracle.packets], name
+        with av.open(str(oracle.path)) as container:
+            assert table.extradata == container.streams.video[0].codec_context.extradata
+
+
+# -- fallback, errors -----------------------------------------------------------------
+
+
+async def test_not_a_video(tmp_path: Path) -> None:
+    for name, content in [("notes.mp4", b"hello, this is text, not a video\n" * 100),
+                          ("empty.mp4", b"")]:  # fmt: skip
+        path = tmp_path / name
+        path.write_bytes(content)
+        with pytest.raises(DecodeError, match=name):
+            async with video.open(path, fetcher=LocalSource(path)):
+                pass
+
+
+async def test_truncated_mp4(videos: Videos, tmp_path: Path) -> None:
+    data = videos["h264-gop25-moov-end"].path.read_bytes()
+    path = tmp_path / "cut.mp4"
+    path.write_bytes(data[: len(data) // 2])
+    with pytest.raises(DecodeError, match=r"cut\.mp4.*(truncated|moov)"):
+        async with video.open(path, fetcher=LocalSource(path)):
+            pass
+
+
+async def test_codec_pyav_cannot_decode(videos: Videos, tmp_path: Path) -> None:
+    data = videos["h264-gop25-faststart"].path.read_bytes()
+    path = tmp_path / "zzzz.mp4"
+    path.write_bytes(data.replace(b"avc1", b"zzzz"))
+    with pytest.raises(DecodeError, match=r"zzzz\.mp4: cannot decode its video codec 'zzzz'"):
+        async with video.open(path, fetcher=LocalSource(path)):
+            pass
+
+
+async def test_missing_decoder(videos: Videos, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(video._DECODERS, "h264", ("no-such-decoder",))
+    path = videos["h264-gop2"].path
+    with pytest.raises(DecodeError, match=r"h264-gop2\.mp4.*h264"):
+        async with video.open(path, fetcher=LocalSource(path)):
+            pass
+
+
+async def test_timestamp_errors(videos: Videos) -> None:
+    oracle = videos["h264-gop25-moov-end"]
+    t = oracle.times
+    async with video.open(oracle.path, fetcher=LocalSource(oracle.path)) as reader:
+        for bad in (-0.5, reader.duration + 0.25, float("nan")):
+            with pytest.raises(FrameTimestampError, match=rf"{oracle.path.name}.*{bad!r}"):
+                await reader.frames_at([t[0], bad])
+        between = (t[10] + t[11]) / 2
+        with pytest.raises(FrameTimestampError) as caught:
+            await reader.frames_at([t[3], between])
+        message = str(caught.value)
+        assert oracle.path.name in message
+        assert repr(between) in message
+        assert repr(t[10]) in message
+        frames = await reader.frames_at([between], tolerance_s=0.02)
+        assert_frames(oracle, frames, [t[10]])
+        with pytest.raises(FrameTimestampError, match="outside"):
+            await reader.frames_in_range(0.0, reader.duration + 1)
+        with pytest.raises(ValueError, match="one-dimensional"):
+            await reader.frames_at([[0.0]])  # type: ignore[list-item]
+
+
+async def test_reader_lifecycle(videos: Videos) -> None:
+    path = videos["h264-gop2"].path
+    reader = video.open(path, fetcher=LocalSource(path))
+    with pytest.raises(RuntimeError, match="not open"):
+        _ = reader.fps
+    async with reader:
+        assert reader.frame_count == SPECS["h264-gop2"].frames
+    assert reader.closed
+    with pytest.raises(ClosedResourceError):
+        await reader.frames_at([0.0])
+    with pytest.raises(ClosedResourceError):
+        await reader.aopen()
+
+
+def test_bad_sources(tmp_path: Path) -> None:
+    with pytest.raises(SourceError, match="no video file"):
+        video.open(tmp_path / "missing.mp4")
+    with pytest.raises(SourceError, match="http"):
+        video.open("s3://bucket/clip.mp4")
+    (tmp_path / "x.mp4").write_bytes(b"1234")
+    for source in ((tmp_path / "x.mp4").as_uri(), str(tmp_path / "x.mp4"), tmp_path / "x.mp4"):
+        reader = video.open(source)
+        assert reader.file.size == 4
+        assert reader.file.url == (tmp_path / "x.mp4").resolve().as_uri()
+
+
+# -- with the real RangeFetcher ------------------------------------------------------------
+
+
+async def test_with_range_fetcher(videos: Videos) -> None:
+    fetcher_module = pytest.importorskip("aiostream_hf._fetcher")
+    httpx2 = pytest.importorskip("httpx2")
+    oracle = videos["h264-gop250"]  # larger than the tail read
+    times = [oracle.times[i] for i in (0, 50, 7, 99, 100, 260)]
+
+    # A local path: the reader creates its own fetcher and closes it.
+    async with video.open(oracle.path) as reader:
+        assert_frames(oracle, await reader.frames_at(times), times)
+
+    # Over HTTP, size unknown: a suffix read, the head, then one request per call.
+    data = oracle.path.read_bytes()
+    seen: list[str] = []
+
+    def serve(request: Any) -> Any:
+        spec = request.headers["Range"].removeprefix("bytes=")
+        seen.append(spec)
+        first, _, last = spec.partition("-")
+        if first == "":
+            start, end = max(0, len(data) - int(last)), len(data)
+        else:
+            start, end = int(first), int(last) + 1
+        headers = {"Content-Range": f"bytes {start}-{end - 1}/{len(data)}", "ETag": '"e"'}
+        return httpx2.Response(206, headers=headers, content=data[start:end])
+
+    transport = httpx2.MockTransport(serve)
+    async with fetcher_module.RangeFetcher(
+        transport=transport, endpoint="https://hub.test"
+    ) as fetcher:
+        file = FileRef(url="https://cdn.test/clip.mp4", path="clip.mp4")
+        async with video.open(file, fetcher=fetcher) as reader:
+            assert len(seen) == 2
+            assert_frames(oracle, await reader.frames_at(times), times)
+            assert len(seen) == 3
