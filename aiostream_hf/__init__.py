@@ -24,6 +24,7 @@ from ._resolver import Manifest as Manifest
 from ._stream import Stream as Stream
 from ._stream import StreamStatistics as StreamStatistics
 from ._stream import stream as stream
+from .formats import video as video
 
 __all__ = [
     "AiostreamError",
@@ -50,4 +51,5 @@ __all__ = [
     "StreamStatistics",
     "__version__",
     "stream",
+    "video",
 ]

@@ -33,8 +33,15 @@ def many(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("hub")
     folder = make_repo(root, "org/many", {})
     for i in range(FILES):
-        make_text_parquet(folder / "data" / f"train-{i:05d}-of-{FILES:05d}.parquet", rows=ROWS,
-                          row_group_size=5, start_id=i * ROWS, seed=i, min_text=5, max_text=10)
+        make_text_parquet(
+            folder / "data" / f"train-{i:05d}-of-{FILES:05d}.parquet",
+            rows=ROWS,
+            row_group_size=5,
+            start_id=i * ROWS,
+            seed=i,
+            min_text=5,
+            max_text=10,
+        )
     return root
 
 
@@ -47,8 +54,13 @@ def hub(many: Path) -> Iterator[HubServer]:
 def _dataset(hub: HubServer, cache: Path, **kw: Any) -> Any:
     from aiostream_hf.torch import StreamDataset
 
-    return StreamDataset("hf://datasets/org/many", endpoint=hub.endpoint, columns=["id"],
-                         options=ash.StreamOptions(cache_dir=cache), **kw)
+    return StreamDataset(
+        "hf://datasets/org/many",
+        endpoint=hub.endpoint,
+        columns=["id"],
+        options=ash.StreamOptions(cache_dir=cache),
+        **kw,
+    )
 
 
 def _ids(loader: Any) -> list[int]:
@@ -77,9 +89,12 @@ def test_fewer_files_than_workers_split_row_groups(hub: HubServer, tmp_path: Pat
 
     from aiostream_hf.torch import StreamDataset
 
-    ds = StreamDataset("hf://datasets/org/many/data/train-0000[0-1]-of-00064.parquet",
-                       endpoint=hub.endpoint, columns=["id"],
-                       options=ash.StreamOptions(cache_dir=tmp_path / "c"))
+    ds = StreamDataset(
+        "hf://datasets/org/many/data/train-0000[0-1]-of-00064.parquet",
+        endpoint=hub.endpoint,
+        columns=["id"],
+        options=ash.StreamOptions(cache_dir=tmp_path / "c"),
+    )
     ids = _ids(DataLoader(ds, batch_size=4, num_workers=4))
     assert sorted(ids) == list(range(2 * ROWS))
 
@@ -114,9 +129,18 @@ def test_stateful_dataloader_resumes_in_a_new_process(hub: HubServer, tmp_path: 
     state_path.write_text(json.dumps(state))
     hub.reset_stats()
     done = subprocess.run(
-        [sys.executable, str(HERE / "torch_resume_script.py"), hub.endpoint,
-         str(tmp_path / "cache"), str(state_path), str(out), str(workers)],
-        capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            str(HERE / "torch_resume_script.py"),
+            hub.endpoint,
+            str(tmp_path / "cache"),
+            str(state_path),
+            str(out),
+            str(workers),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     after = json.loads(out.read_text())
@@ -124,9 +148,7 @@ def test_stateful_dataloader_resumes_in_a_new_process(hub: HubServer, tmp_path: 
     assert len(before) + len(after) == FILES * ROWS  # no duplicates...
     assert sorted(before + after) == list(range(FILES * ROWS))  # ...and nothing lost
     # Bytes re-fetched: each worker re-reads at most the row group it stopped in.
-    file_bytes = sum(
-        f.stat().st_size for f in (hub.root / "datasets/org/many/data").iterdir()
-    )
+    file_bytes = sum(f.stat().st_size for f in (hub.root / "datasets/org/many/data").iterdir())
     rows_left = FILES * ROWS - len(before)
     assert stats.bytes_served <= file_bytes * (rows_left + workers * 5) / (FILES * ROWS) * 2
 
@@ -136,10 +158,22 @@ def test_torchrun_two_ranks_are_disjoint_and_complete(hub: HubServer, tmp_path: 
     out = tmp_path / "ranks.json"
     env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "GLOO_SOCKET_IFNAME": "lo"}
     done = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-         "--master-addr", "127.0.0.1", "--master-port", "0",
-         str(HERE / "torch_rank_script.py"), hub.endpoint, str(tmp_path / "cache"), str(out)],
-        capture_output=True, text=True, timeout=300, env=env,
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            str(HERE / "torch_rank_script.py"),
+            hub.endpoint,
+            str(tmp_path / "cache"),
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     ranks = json.loads(out.read_text())
