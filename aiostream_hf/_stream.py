@@ -15,7 +15,7 @@ import os
 import random
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from functools import partial
 from types import TracebackType
@@ -360,7 +360,7 @@ class Stream:
             if it in self._sync_iterators:
                 self._sync_iterators.remove(it)
 
-    async def _loaded_units(self) -> AsyncIterator[tuple[_Tag, Any]]:
+    async def _loaded_units(self) -> AsyncGenerator[tuple[_Tag, Any], None]:
         """Resolve, plan, fetch and decode: loaded units in order, read ahead."""
         opts = self._options
         resume, self._resume = self._resume, None

@@ -177,6 +177,7 @@ def test_torchrun_two_ranks_are_disjoint_and_complete(hub: HubServer, tmp_path: 
     )
     assert done.returncode == 0, done.stderr[-3000:]
     ranks = json.loads(out.read_text())
-    assert len(ranks) == 2 and all(ranks)
+    assert len(ranks) == 2
+    assert all(ranks)
     assert not set(ranks[0]) & set(ranks[1])
     assert sorted(ranks[0] + ranks[1]) == list(range(FILES * ROWS))
