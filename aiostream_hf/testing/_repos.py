@@ -40,6 +40,7 @@ LFS_EXTENSIONS = frozenset(
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 _SHA = re.compile(r"^[0-9a-f]{40}$")
+_MAX_COMMITS = 4096  # past commits kept readable (while their files are unchanged)
 
 
 @dataclass(frozen=True, slots=True)
@@ -232,6 +233,8 @@ class RepoStore:
         with self._lock:
             self._by_ref[(repo_id, ref)] = snap
             self._by_commit[(repo_id, snap.commit)] = snap
+            while len(self._by_commit) > _MAX_COMMITS:  # bounded: forget the oldest commits
+                del self._by_commit[next(iter(self._by_commit))]
         return snap
 
     def resolve(
