@@ -50,8 +50,6 @@ import urllib.parse
 import urllib.request
 from collections.abc import AsyncGenerator, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timezone
-from email.utils import parsedate_to_datetime
 from types import TracebackType
 from typing import Protocol
 
@@ -71,6 +69,7 @@ from ._exceptions import (
 )
 from ._options import StreamOptions
 from ._resolver import FileRef
+from ._retry import backoff_delay, retry_after
 
 __all__ = ["ByteStream", "FetcherStatistics", "RangeFetcher", "coalesce_ranges"]
 
@@ -528,7 +527,7 @@ class RangeFetcher:
                 gate.pause(now + min(reset, _MAX_SERVER_DELAY_S))
         if status == 429:
             self._throttled += 1
-            delay = _retry_after(response.headers.get("Retry-After"))
+            delay = retry_after(response.headers.get("Retry-After"))
             if delay is None and limit is not None:
                 delay = limit[1]
             if delay is None:
@@ -537,10 +536,8 @@ class RangeFetcher:
         self._end_probe(host, owner, answered=True)
 
     def _backoff(self, failures: int) -> float:
-        """Jittered exponential backoff: between half and all of base * 2**(n-1), capped."""
         o = self.options
-        cap = min(o.backoff_max, o.backoff_base * 2.0 ** min(failures - 1, 62))
-        return cap * (0.5 + 0.5 * self._rng.random())
+        return backoff_delay(failures, o.backoff_base, o.backoff_max, self._rng)
 
     # -- requests --------------------------------------------------------------------------
 
@@ -964,7 +961,7 @@ class _Transfer:
                 status=status,
             )
         if status in _RETRY_STATUSES or 500 <= status <= 599:
-            delay = _retry_after(headers.get("Retry-After"))
+            delay = retry_after(headers.get("Retry-After"))
             return _Retry(status, delay, sleep=status != 429)
         if status == 416:
             m = _UNSATISFIED_RANGE.match(headers.get("Content-Range", ""))
@@ -1391,24 +1388,6 @@ def _reuse_until(url: str) -> float | None:
         return None
     left = max(0.0, expires - time.time())
     return expires - min(_EXPIRY_MARGIN_S, left / 2)
-
-
-def _retry_after(value: str | None) -> float | None:
-    """Seconds to wait from a Retry-After header: delay-seconds or an HTTP date."""
-    if value is None:
-        return None
-    value = value.strip()
-    try:
-        return max(0.0, float(value))
-    except ValueError:
-        pass
-    try:
-        when = parsedate_to_datetime(value)
-    except (TypeError, ValueError, IndexError, OverflowError):
-        return None
-    if when.tzinfo is None:
-        when = when.replace(tzinfo=timezone.utc)
-    return max(0.0, (when - datetime.now(timezone.utc)).total_seconds())
 
 
 def _ratelimit(value: str | None) -> tuple[int, float] | None:

@@ -44,7 +44,6 @@ import time
 from collections import Counter, OrderedDict
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from email.utils import parsedate_to_datetime
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Generic, TypeAlias, TypeVar, cast
@@ -69,6 +68,7 @@ from ._exceptions import (
     SplitNotFoundError,
 )
 from ._options import StreamOptions
+from ._retry import backoff_delay, retry_after
 from ._sources import HubSource, LocalSource, Source, UrlSource, has_glob, parse_sources
 
 __all__ = [
@@ -388,6 +388,7 @@ class Resolver:
         client: httpx2.AsyncClient | None = None,
     ) -> None:
         self._options = options or StreamOptions()
+        self._rng = random.Random()
         self._client = client
         self._owns_client = client is None
         self._closed = False
@@ -745,14 +746,18 @@ class Resolver:
                     or attempts > self._options.max_retries
                 ):
                     raise _http_error(response, where, missing, attempts)
-                retry_after = _retry_after(response.headers.get("retry-after"))
-                delay = self._backoff(attempts) if retry_after is None else retry_after
+                retry_after_s = retry_after(response.headers.get("retry-after"))
+                delay = (
+                    self._backoff(attempts)
+                    if retry_after_s is None
+                    else min(retry_after_s, _MAX_RETRY_AFTER)
+                )
             self._counts.retries += 1
             await anyio.sleep(delay)
 
     def _backoff(self, attempt: int) -> float:
-        ceiling = min(self._options.backoff_max, self._options.backoff_base * 2 ** (attempt - 1))
-        return random.uniform(0, ceiling)
+        o = self._options
+        return backoff_delay(attempt, o.backoff_base, o.backoff_max, self._rng)
 
     # -- coalescing -----------------------------------------------------------------------
 
@@ -908,19 +913,6 @@ async def _find_token(given: str | bool | None) -> str | None:
 def _same_origin(url: str, endpoint: str) -> bool:
     a, b = urlsplit(url), urlsplit(endpoint)
     return (a.scheme, a.netloc) == (b.scheme, b.netloc)
-
-
-def _retry_after(value: str | None) -> float | None:
-    if not value:
-        return None
-    try:
-        seconds = float(value)
-    except ValueError:
-        try:
-            seconds = parsedate_to_datetime(value).timestamp() - time.time()
-        except (TypeError, ValueError):
-            return None
-    return min(max(seconds, 0.0), _MAX_RETRY_AFTER)
 
 
 def _http_error(

@@ -28,9 +28,10 @@ from aiostream_hf._exceptions import (
     RangeMismatchError,
     RetriesExhaustedError,
 )
-from aiostream_hf._fetcher import RangeFetcher, _ratelimit, _retry_after, coalesce_ranges
+from aiostream_hf._fetcher import RangeFetcher, _ratelimit, coalesce_ranges
 from aiostream_hf._options import StreamOptions
 from aiostream_hf._resolver import FileRef
+from aiostream_hf._retry import retry_after as _retry_after
 
 pytestmark = pytest.mark.anyio
 
