@@ -11,12 +11,13 @@ batching -> the consumer.
 
 from __future__ import annotations
 
+import itertools
 import os
 import random
 import time
 from collections import deque
 from collections.abc import AsyncGenerator, AsyncIterator, Iterator, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from functools import partial
 from types import TracebackType
 from typing import Any, Literal
@@ -31,9 +32,19 @@ from ._exceptions import ClosedResourceError, SourceError
 from ._fetcher import RangeFetcher
 from ._options import StreamOptions
 from ._prefetch import Job, Prefetcher
+from ._readahead import LaneReadahead
 from ._resolver import FileRef, Manifest, Resolver
 from ._sources import parse_sources
-from .formats import ByteSource, Decoder, ReadRequest, Unit, decoder_for
+from .formats import (
+    ByteSource,
+    Chunk,
+    Decoder,
+    Position,
+    ReadRequest,
+    SequentialDecoder,
+    Unit,
+    decoder_for,
+)
 
 __all__ = ["Stream", "StreamStatistics", "stream"]
 
@@ -62,7 +73,7 @@ def stream(
     split: str | None = None,
     config: str | None = None,
     data_files: str | Sequence[str] | Mapping[str, str | Sequence[str]] | None = None,
-    format: str | None = None,
+    format: str | Decoder[Any] | None = None,
     columns: Sequence[str] | None = None,
     filter: Any = None,
     batch_size: int | None = None,
@@ -87,6 +98,8 @@ def stream(
     the file order by (seed, epoch) and samples through a bounded buffer.
     ``rank``/``world_size`` (default: RANK/WORLD_SIZE from the environment)
     select a disjoint share; all ranks together read everything once.
+    ``format`` names a registered format, or is a configured decoder (e.g.
+    ``aiostream_hf.webdataset.WebDatasetDecoder(decode="rgb8")``).
     """
     return Stream(
         source,
@@ -135,7 +148,7 @@ class Stream:
         split: str | None,
         config: str | None,
         data_files: Any,
-        format: str | None,
+        format: str | Decoder[Any] | None,
         columns: Sequence[str] | None,
         filter: Any,
         batch_size: int | None,
@@ -189,7 +202,7 @@ class Stream:
         self._sync_iterators: list[SyncIterator[Any]] = []
         self._fetcher: RangeFetcher | None = None
         self._resolver: Resolver | None = None
-        self._prefetch: Prefetcher[Any] | None = None
+        self._prefetch: Prefetcher[Any] | LaneReadahead[Any] | None = None
         self._manifest: Manifest | None = None
         self._samples = 0
         self._files = 0
@@ -405,6 +418,12 @@ class Stream:
             first_file = cursor["file"] if cursor else 0
             self._cursor = dict(cursor) if cursor else None
             decoders = {f.url: decoder_for(f, self._format) for f in files}
+            sequential = _sequential(decoders.values())
+            if sequential is not None:  # TAR shards: streamed, not planned into units
+                mine = files if by_file else files[self._rank :: self._world_size]
+                async for item in self._streamed(sequential, mine, manifest, fetcher, cursor):
+                    yield item
+                return
 
             async def plan_jobs() -> AsyncIterator[Job[tuple[int, list[Unit]]]]:
                 for pos in range(first_file, len(files)):
@@ -448,6 +467,74 @@ class Stream:
                         yield item
             self._end = {"file": len(files), "unit": 0, "row": 0, "done": True, "file_seq": 0}
 
+    # -- sequential formats: one long read per file, chunks through a readahead -----------
+
+    async def _streamed(
+        self,
+        decoder: SequentialDecoder[Any],
+        files: Sequence[FileRef],
+        manifest: Manifest,
+        fetcher: RangeFetcher,
+        cursor: Mapping[str, Any] | None,
+    ) -> AsyncGenerator[tuple[_Tag, Any], None]:
+        """Loaded chunks of files read front to back, ``decoder.readahead`` files ahead.
+
+        The cursor of such a file is (file, row, offset or skip): a resume reads
+        from the byte after the last sample delivered (or passes ``skip``
+        samples of a compressed file), so nothing delivered is read again.
+        """
+        opts = self._options
+        request = replace(self._request, rows=self._output == "python" and self._batch_size is None)
+        first = cursor["file"] if cursor else 0
+        pool = list(manifest.files)
+        if decoder.resampled and not pool:
+            raise SourceError("resampled=True: the source has no files to draw from")
+
+        def file_at(pos: int) -> FileRef:
+            if not decoder.resampled:
+                return files[pos]
+            key = f"{self._seed}:{self._epoch}:{self._rank}:{self._world_size}:resampled:{pos}"
+            return pool[random.Random(key).randrange(len(pool))]
+
+        async def lanes() -> AsyncIterator[Any]:
+            positions = itertools.count(first) if decoder.resampled else range(first, len(files))
+            for pos in positions:
+                start = Position()
+                if cursor is not None and pos == cursor["file"]:
+                    if cursor["done"]:
+                        continue
+                    start = Position(cursor.get("offset"), cursor.get("skip", 0), cursor["row"])
+                yield partial(self._chunks, decoder, file_at(pos), fetcher, request, start, pos)
+
+        readahead: LaneReadahead[tuple[_Tag, Any]] = LaneReadahead(
+            lanes(),
+            max_open=1 + decoder.readahead,
+            max_lanes=max(opts.prefetch_count, 1 + decoder.readahead),
+            max_bytes=opts.prefetch_bytes,
+        )
+        self._prefetch = readahead
+        async with readahead:
+            async for item in readahead:
+                yield item
+        self._end = {"file": len(files), "unit": 0, "row": 0, "done": True, "file_seq": 0}
+
+    async def _chunks(
+        self,
+        decoder: SequentialDecoder[Any],
+        file: FileRef,
+        source: RangeFetcher,
+        request: ReadRequest,
+        start: Position,
+        pos: int,
+    ) -> AsyncIterator[tuple[int, tuple[_Tag, Any]]]:
+        self._files += 1
+        chunks = decoder.iter_chunks(file, source, request, start)
+        try:
+            async for chunk in chunks:
+                yield chunk.nbytes, (_Tag(pos, 0, 0, chunk.first_row, chunk), chunk.rows)
+        finally:
+            await chunks.aclose()  # type: ignore[attr-defined]
+
     async def _plan(
         self, decoder: Decoder[Any], file: FileRef, source: ByteSource, pos: int
     ) -> tuple[int, list[Unit]]:
@@ -473,13 +560,18 @@ class Stream:
         return table
 
     def _advance(self, tag: _Tag, rows: int, done: bool) -> None:
+        chunk = tag.chunk
         self._cursor = {
             "file": tag.file,
             "unit": tag.unit,
             "row": tag.offset + rows,
-            "done": done,
+            "done": done if chunk is None else done and chunk.final,
             "file_seq": tag.file_seq,
         }
+        if chunk is not None:  # a sequentially read file: where its next sample starts
+            at = chunk.resume_at(rows)
+            self._cursor["offset"] = at.offset
+            self._cursor["skip"] = at.skip
 
     def _emit(self, out: Any) -> Any:
         if self._first_sample is None:
@@ -564,12 +656,29 @@ class Stream:
 class _Tag:
     """Where a loaded unit sits: its file (position in this rank's order), its unit
     index, the count of units before its file (for unit-level rank splits), and the
-    rows skipped at its start on resume."""
+    rows skipped at its start on resume. A chunk of a sequentially read file has
+    unit 0, its first row's number in the file as offset, and its Chunk (for the
+    resume position after each row)."""
 
     file: int
     unit: int
     file_seq: int
     offset: int
+    chunk: Chunk | None = None
+
+
+def _sequential(decoders: Any) -> SequentialDecoder[Any] | None:
+    """The one sequential decoder of a stream's files, None if they have none."""
+    found = {id(d): d for d in decoders}
+    sequential = [d for d in found.values() if isinstance(d, SequentialDecoder)]
+    if not sequential:
+        return None
+    if len(found) > 1:
+        names = sorted({d.name for d in found.values()})
+        raise SourceError(
+            f"the source mixes formats {', '.join(names)}: stream each format separately"
+        )
+    return sequential[0]
 
 
 def _as_rng_state(state: Any) -> tuple[Any, ...]:

@@ -12,13 +12,23 @@ a ``pyarrow.Table`` in a worker thread. It never opens a socket.
         def decode(self, unit, fetched): ...               # -> pyarrow.Table (sync)
 
     register(MyFormat())
+
+A sequential format (TAR shards) cannot be cut into units before it is read:
+it subclasses ``SequentialDecoder`` and streams each file with one long GET
+(``StreamSource.iter_bytes``), parsing blocks as they arrive and yielding
+``Chunk``s of rows, each row with the ``Position`` a reader resumes from after
+it::
+
+    class MyStreamFormat(SequentialDecoder[Unit]):
+        async def iter_chunks(self, file, source, request, start): ...  # -> Chunks
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
+from types import TracebackType
 from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
 import pyarrow as pa
@@ -27,9 +37,14 @@ from .._exceptions import SourceError
 from .._resolver import FileRef
 
 __all__ = [
+    "ByteBlocks",
     "ByteSource",
+    "Chunk",
     "Decoder",
+    "Position",
     "ReadRequest",
+    "SequentialDecoder",
+    "StreamSource",
     "Unit",
     "decoder_for",
     "register",
@@ -47,12 +62,88 @@ class ByteSource(Protocol):
     async def read_tail(self, file: FileRef, n: int) -> tuple[bytes, int]: ...
 
 
+class ByteBlocks(Protocol):
+    """A file's bytes in order, in blocks (``RangeFetcher.iter_bytes``); close it when done."""
+
+    def __aiter__(self) -> AsyncIterator[bytes]: ...
+
+    async def aclose(self) -> None: ...
+
+    async def __aenter__(self) -> ByteBlocks: ...
+
+    async def __aexit__(
+        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None: ...
+
+
+class StreamSource(ByteSource, Protocol):
+    """A byte source that also streams a file front to back: what sequential formats read."""
+
+    def iter_bytes(
+        self,
+        file: FileRef,
+        start: int = 0,
+        end: int | None = None,
+        *,
+        block_size: int | None = None,
+    ) -> ByteBlocks: ...
+
+
 @dataclass(frozen=True)
 class ReadRequest:
-    """What the stream wants from every file: columns and a row filter."""
+    """What the stream wants from every file: columns and a row filter.
+
+    ``rows``: sequential formats yield a list of dict rows instead of a
+    ``pyarrow.Table`` (the stream asks for them when it hands out dict rows).
+    """
 
     columns: tuple[str, ...] | None = None
     filter: Any = None  # a pyarrow.compute.Expression
+    rows: bool = False
+
+
+@dataclass(frozen=True)
+class Position:
+    """Where a sequential read of one file starts, and what it counts from.
+
+    ``offset``: the byte of the file to start reading at (a record boundary
+    the decoder gave in a ``Chunk``), or None to read from byte 0 and pass the
+    first ``skip`` records (a compressed file, which cannot start mid-way).
+    ``row``: the rows of this file delivered before (the first chunk's
+    ``first_row``).
+    """
+
+    offset: int | None = 0
+    skip: int = 0
+    row: int = 0
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """Rows of a sequentially read file, and where a reader resumes after each of them.
+
+    ``rows`` is a list of dict rows when the request asked for ``rows``, else a
+    ``pyarrow.Table``. ``positions`` has one entry more than there are rows:
+    ``positions[i]`` is where a read resumes after the first ``i`` rows of this
+    chunk: a byte offset when ``by_offset``, else the records to pass from
+    byte 0 (``Position.skip``). ``first_row`` counts the rows of the file
+    before this chunk; ``final`` marks the file's last chunk (possibly empty);
+    ``nbytes`` is what the chunk holds, for the readahead budget.
+    """
+
+    rows: pa.Table | list[dict[str, Any]]
+    positions: tuple[int, ...]
+    first_row: int
+    final: bool
+    nbytes: int
+    by_offset: bool = True
+
+    def resume_at(self, taken: int) -> Position:
+        """The position after the first ``taken`` rows of this chunk."""
+        at = self.positions[taken]
+        if self.by_offset:
+            return Position(at, 0, self.first_row + taken)
+        return Position(None, at, self.first_row + taken)
 
 
 @dataclass(frozen=True)
@@ -87,6 +178,28 @@ class Decoder(ABC, Generic[_U]):
         """Turn a unit's bytes into rows. Synchronous and pure: runs in a worker thread."""
 
 
+class SequentialDecoder(Decoder[_U]):
+    """A format read front to back, one long GET per file, in blocks as they arrive.
+
+    The stream calls ``iter_chunks`` instead of ``plan``/``fetch``/``decode``;
+    ``readahead`` files are read ahead of the one being consumed, within the
+    stream's byte budget (``StreamOptions.prefetch_bytes``). ``resampled``
+    draws files with replacement, endlessly, deterministic by seed and rank.
+    """
+
+    readahead: int = 2
+    resampled: bool = False
+
+    @abstractmethod
+    def iter_chunks(
+        self, file: FileRef, source: StreamSource, request: ReadRequest, start: Position
+    ) -> AsyncIterator[Chunk]:
+        """The file's rows from ``start`` on, in chunks of bounded size; the last is ``final``.
+
+        Parsing and decoding run in worker threads; the only I/O is ``source``.
+        """
+
+
 _REGISTRY: dict[str, Decoder[Any]] = {}
 
 
@@ -101,9 +214,12 @@ def registered() -> dict[str, Decoder[Any]]:
     return dict(_REGISTRY)
 
 
-def decoder_for(file: FileRef, format: str | None = None) -> Decoder[Any]:
-    """The decoder named by ``format``, else the one whose extension the file has."""
+def decoder_for(file: FileRef, format: str | Decoder[Any] | None = None) -> Decoder[Any]:
+    """The decoder named by ``format`` (or ``format`` itself, a configured decoder),
+    else the one whose extension the file has."""
     _load_builtins()
+    if isinstance(format, Decoder):
+        return format
     if format is not None:
         found = _REGISTRY.get(format)
         if found is None:

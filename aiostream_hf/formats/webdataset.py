@@ -53,30 +53,44 @@ all on purpose:
 from __future__ import annotations
 
 import dataclasses
+import logging
 import random
 import re
 import struct
+import warnings
 import zlib
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, Literal, TypeVar
 
+import anyio
+import anyio.to_thread
 import pyarrow as pa
 
-from .._exceptions import ClosedResourceError, DecodeError, SourceError
+from .._exceptions import ClosedResourceError, DecodeError, FetchError, SourceError
 from .._resolver import FileRef
-from . import ByteSource, Decoder, ReadRequest, Unit
+from . import (
+    ByteSource,
+    Chunk,
+    Position,
+    ReadRequest,
+    SequentialDecoder,
+    StreamSource,
+    Unit,
+)
 
 __all__ = [
     "DEFAULT_MAX_MEMBER_SIZE",
     "SampleGrouper",
     "ShuffleBuffer",
+    "SkippedShardWarning",
     "TarMember",
     "TarReader",
     "WebDatasetDecoder",
     "base_plus_ext",
     "iter_samples",
     "resampled_shards",
+    "sample_decoder",
     "samples_to_table",
     "select_shards",
     "shard_order",
@@ -763,17 +777,277 @@ class ShuffleBuffer(Generic[T]):
 
 # -- the decoder --------------------------------------------------------------------------
 
+OnError = Literal["raise", "warn", "skip_shard"]
+_ON_ERROR = ("raise", "warn", "skip_shard")
+_SAMPLE_OVERHEAD = 256  # bytes a sample costs beyond its members' bodies (dict, key, url)
 
-class WebDatasetDecoder(Decoder[Unit]):
-    """WebDataset TAR shards, one decode unit per shard (the whole shard in one read).
+_log = logging.getLogger("aiostream_hf.webdataset")
 
-    A block-wise streaming path (``TarReader`` fed from ``iter_bytes``) replaces
-    this when the stream drives decoders by byte streams; this mapping keeps the
-    plan/fetch/decode model and is exact for shards that fit in memory.
+
+class SkippedShardWarning(UserWarning):
+    """Part of a shard was skipped under ``on_error="warn"``; the message says where and why."""
+
+
+def sample_decoder(decode: Any) -> Callable[[Sample], Sample] | None:
+    """webdataset's ``autodecode.Decoder`` for ``decode``, as ``wds.decode(*specs)`` builds it.
+
+    ``decode``: None (bytes as stored), an image spec (``"pil"``, ``"rgb8"``,
+    ``"torchrgb"``, ... see ``webdataset.autodecode.imagespecs``), a handler
+    callable ``(key, data) -> value``, or a list of those; the default handlers
+    (text, json, cls, npy, ...) come after them, as in webdataset.
+    """
+    if decode is None:
+        return None
+    from webdataset import autodecode
+
+    specs = list(decode) if isinstance(decode, (list, tuple)) else [decode]
+    handlers = []
+    for spec in specs:
+        if isinstance(spec, str):
+            if spec not in autodecode.imagespecs:
+                raise SourceError(
+                    f"decode={spec!r}: not an image spec; use one of "
+                    f"{', '.join(sorted(autodecode.imagespecs))}, a handler, or None"
+                )
+            handlers.append(autodecode.imagehandler(spec))
+        elif callable(spec):
+            handlers.append(spec)
+        else:
+            raise SourceError(f"decode={spec!r}: give an image spec string or a handler callable")
+    decoder: Callable[[Sample], Sample] = autodecode.Decoder(handlers)
+    return decoder
+
+
+def _weight(sample: Sample) -> int:
+    """Roughly the bytes a sample holds (bodies, decoded arrays and images)."""
+    total = _SAMPLE_OVERHEAD
+    for value in sample.values():
+        if isinstance(value, (bytes, bytearray, str)):
+            total += len(value)
+            continue
+        nbytes = getattr(value, "nbytes", None)
+        if isinstance(nbytes, int):
+            total += nbytes
+        elif hasattr(value, "getbands") and hasattr(value, "size"):  # a PIL image
+            width, height = value.size
+            total += width * height * len(value.getbands())
+    return total
+
+
+class _Shard:
+    """The parse state of one shard between blocks. Its methods run in worker threads,
+    one call at a time; the async side only hands blocks over and yields chunks."""
+
+    def __init__(
+        self,
+        decoder: WebDatasetDecoder,
+        url: str,
+        start: Position,
+        request: ReadRequest,
+    ) -> None:
+        offset = start.offset
+        self.url = url
+        self.policy = decoder.on_error
+        self.decode = decoder.sample_decoder
+        self.request = request
+        self.reader = TarReader(
+            url,
+            max_member_size=decoder.max_member_size,
+            compression="none" if offset else "auto",
+            start_offset=offset or 0,
+        )
+        self.grouper = SampleGrouper(url)
+        self.skip = start.skip if offset is None else 0  # samples to pass (a resumed gzip)
+        self.passed = 0  # samples parsed from where the reading started (for skip counts)
+        self.row = start.row  # rows of the shard delivered before the next chunk
+        self.mark_offset = offset or 0  # resume offset after the samples passed so far
+        self.problems: list[str] = []  # decode failures skipped, reported by the async side
+
+    @property
+    def by_offset(self) -> bool:
+        return not self.reader.compressed
+
+    def _mark(self) -> int:
+        return self.mark_offset if self.by_offset else self.passed
+
+    def feed(self, block: bytes) -> Chunk | None:
+        samples = []
+        for member in self.reader.feed(block):
+            sample = self.grouper.push(member)
+            if sample is not None:
+                samples.append(sample)
+        return self._chunk(samples, final=False) if samples else None
+
+    def finish(self) -> Chunk:
+        self.reader.close()
+        sample = self.grouper.flush()
+        return self._chunk([sample] if sample is not None else [], final=True)
+
+    def abandon(self) -> Chunk:
+        """The final, empty chunk after damage: the sample being grouped is dropped."""
+        return Chunk(
+            [] if self.request.rows else samples_to_table([]),
+            (self._mark(),),
+            self.row,
+            True,
+            _SAMPLE_OVERHEAD,
+            self.by_offset,
+        )
+
+    def _chunk(self, samples: list[Sample], *, final: bool) -> Chunk:
+        request = self.request
+        kept: list[Sample] = []
+        positions = [self._mark()]
+        for sample in samples:
+            self.passed += 1
+            self.mark_offset = self.grouper.last_end  # after this sample (and skipped members)
+            if self.skip:
+                self.skip -= 1
+                positions[0] = self._mark()
+                continue
+            kept.append(sample)
+            positions.append(self._mark())
+        if request.columns is not None and request.rows:
+            kept = [{name: s.get(name) for name in request.columns} for s in kept]
+        if request.filter is not None:
+            table = samples_to_table(kept, request.columns)
+            index = pa.array(range(len(kept)), pa.int64())
+            picked = table.append_column("__row__", index).filter(request.filter)
+            chosen = picked.column("__row__").to_pylist()
+            kept = [kept[i] for i in chosen]
+            positions = [positions[0], *(positions[i + 1] for i in chosen)]
+        if self.decode is not None:
+            kept, positions = self._decode(kept, positions)
+        rows: pa.Table | list[Sample]
+        if request.rows:
+            rows = kept
+            nbytes = sum(_weight(s) for s in kept)
+        else:
+            rows = samples_to_table(kept, request.columns)
+            nbytes = rows.nbytes + _SAMPLE_OVERHEAD
+        first, self.row = self.row, self.row + len(kept)
+        return Chunk(rows, tuple(positions), first, final, nbytes, self.by_offset)
+
+    def _decode(
+        self, samples: list[Sample], positions: list[int]
+    ) -> tuple[list[Sample], list[int]]:
+        assert self.decode is not None
+        out: list[Sample] = []
+        kept = [positions[0]]
+        for sample, position in zip(samples, positions[1:], strict=True):
+            try:
+                decoded = self.decode(sample)
+            except Exception as exc:  # webdataset's handlers raise anything; this is its channel
+                cause = exc.__cause__ or exc
+                message = (
+                    f"{self.url}: cannot decode sample {sample.get('__key__')!r} "
+                    f"({type(cause).__name__}: {cause})"
+                )
+                if self.policy == "raise":
+                    raise DecodeError(message) from exc
+                self.problems.append(message + "; the sample is skipped")
+                if not out:
+                    kept[0] = position
+                continue
+            out.append(decoded)
+            kept.append(position)
+        return out, kept
+
+
+class WebDatasetDecoder(SequentialDecoder[Unit]):
+    """WebDataset TAR shards (``.tar``, ``.tar.gz``, ``.tgz``), read block by block.
+
+    A stream reads each shard with one long GET (``iter_bytes``) and parses
+    the blocks as they arrive (``TarReader`` + ``SampleGrouper`` in worker
+    threads), yielding one chunk of samples per block: memory is set by the
+    block size and the stream's readahead budget, not by shard sizes.
+
+    ``decode``: None (bytes), or webdataset's decoders (see ``sample_decoder``).
+    ``on_error``: what a damaged shard (corrupt, truncated, unreadable) does:
+    ``"raise"`` a ``DecodeError``/``FetchError`` naming the shard and offset,
+    after every sample before the damage; ``"warn"``: a ``SkippedShardWarning``
+    naming them and the rest of the shard is skipped; ``"skip_shard"``: the
+    same, logged on the ``aiostream_hf.webdataset`` logger instead of warned.
+    A sample that ``decode`` fails on is raised, or skipped with the same report.
+    ``readahead``: shards read ahead of the one being consumed (open GETs).
+    ``resampled``: draw shards with replacement, endlessly (by seed and rank).
+
+    ``plan``/``fetch``/``decode`` remain for code that drives decoders by
+    units: one unit per shard, the whole shard in one read.
     """
 
     name = "webdataset"
     extensions = (".tar", ".tar.gz", ".tgz")
+
+    def __init__(
+        self,
+        *,
+        decode: Any = None,
+        on_error: OnError = "raise",
+        readahead: int = 2,
+        resampled: bool = False,
+        max_member_size: int = DEFAULT_MAX_MEMBER_SIZE,
+    ) -> None:
+        if on_error not in _ON_ERROR:
+            raise SourceError(f"on_error={on_error!r}: use 'raise', 'warn' or 'skip_shard'")
+        if isinstance(readahead, bool) or not isinstance(readahead, int) or readahead < 0:
+            raise SourceError(f"readahead={readahead!r}: shards read ahead, an int >= 0")
+        self.decode_spec = decode
+        self.sample_decoder = sample_decoder(decode)
+        self.on_error: OnError = on_error
+        self.readahead = readahead
+        self.resampled = bool(resampled)
+        self.max_member_size = max_member_size
+
+    def __repr__(self) -> str:
+        return (
+            f"WebDatasetDecoder(decode={self.decode_spec!r}, on_error={self.on_error!r}, "
+            f"readahead={self.readahead}, resampled={self.resampled})"
+        )
+
+    # -- streaming --------------------------------------------------------------------------
+
+    async def iter_chunks(
+        self, file: FileRef, source: StreamSource, request: ReadRequest, start: Position
+    ) -> AsyncIterator[Chunk]:
+        url = file.url
+        if self.sample_decoder is not None and not request.rows:
+            raise SourceError(
+                f"decode={self.decode_spec!r} gives Python objects, which output='arrow' "
+                "and batch_size= cannot hold: take dict rows (batch in your DataLoader)"
+            )
+        shard = _Shard(self, url, start, request)
+        try:
+            async with source.iter_bytes(file, start=start.offset or 0) as blocks:
+                async for block in blocks:
+                    chunk = await anyio.to_thread.run_sync(shard.feed, block)
+                    self._report(shard)
+                    if chunk is not None:
+                        yield chunk
+            last = await anyio.to_thread.run_sync(shard.finish)
+            self._report(shard)
+        except (DecodeError, FetchError) as exc:
+            if self.on_error == "raise":
+                raise
+            at = shard.reader.offset
+            shard.problems.append(
+                f"{url}: skipping the rest of the shard from byte {at}"
+                f"{'' if shard.by_offset else ' of the gzip stream'} "
+                f"({shard.row} samples delivered from it): {exc}"
+            )
+            self._report(shard)
+            last = shard.abandon()
+        yield last
+
+    def _report(self, shard: _Shard) -> None:
+        problems, shard.problems = shard.problems, []
+        for message in problems:
+            if self.on_error == "warn":
+                warnings.warn(message, SkippedShardWarning, stacklevel=2)
+            else:
+                _log.warning("%s", message)
+
+    # -- one unit per shard (the plan/fetch/decode model) -----------------------------------
 
     async def plan(self, file: FileRef, source: ByteSource, request: ReadRequest) -> list[Unit]:
         size = file.size

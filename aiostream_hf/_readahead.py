@@ -1,0 +1,223 @@
+"""LaneReadahead: ordered readahead of sequential sources, each read by its own task.
+
+    async with LaneReadahead(lanes, max_open=3, max_lanes=8, max_bytes=512 << 20) as items:
+        async for item in items:   # every item of lane 0, then of lane 1, ...
+            ...
+
+A lane is a callable that returns an async iterator of ``(cost, item)``: one
+file read front to back (a TAR shard: one long GET, parsed block by block).
+``Prefetcher`` runs jobs that each give one result; a lane gives many, and how
+many is known only when it ends, so the next lane must open before the current
+one ends without knowing where it ends: that is this class.
+
+Bounds: at most ``max_open`` lanes run at once (open GETs), at most
+``max_lanes`` lanes are held (running, or finished and not yet consumed), and
+the items held weigh at most ``max_bytes``. A lane that has produced an item
+waits, holding it, until the item fits; the lane the consumer reads from may
+always hold one item, so the consumer never waits on a budget filled by the
+lanes after it. Memory is therefore at most ``max_bytes`` plus one item per
+running lane. A lane's error reaches the consumer in order, after the items
+the lane gave before it.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import AsyncIterable, AsyncIterator, Callable
+from types import TracebackType
+from typing import Generic, TypeVar
+
+import anyio
+from anyio.abc import TaskGroup
+
+from ._exceptions import ClosedResourceError, SourceError
+from ._prefetch import PrefetchStatistics
+
+__all__ = ["Lane", "LaneReadahead"]
+
+T = TypeVar("T")
+
+Lane = Callable[[], AsyncIterator[tuple[int, T]]]
+
+
+class _LaneState(Generic[T]):
+    __slots__ = ("done", "error", "items")
+
+    def __init__(self) -> None:
+        self.items: deque[tuple[int, T]] = deque()
+        self.done = False
+        self.error: BaseException | None = None
+
+
+class LaneReadahead(Generic[T]):
+    """Runs lanes ahead of the consumer, in order, within count and byte budgets."""
+
+    def __init__(
+        self,
+        lanes: AsyncIterable[Lane[T]],
+        *,
+        max_open: int,
+        max_lanes: int,
+        max_bytes: int,
+    ) -> None:
+        if max_open < 1 or max_lanes < max_open or max_bytes < 1:
+            raise SourceError(
+                f"LaneReadahead: need max_open >= 1, max_lanes >= max_open and max_bytes >= 1 "
+                f"(got {max_open}, {max_lanes}, {max_bytes})"
+            )
+        self._lanes_source = lanes
+        self._max_open = max_open
+        self._max_lanes = max_lanes
+        self._max_bytes = max_bytes
+        self._lanes: deque[_LaneState[T]] = deque()  # held lanes, the consumer's first
+        self._open = 0
+        self._held_bytes = 0
+        self._held_items = 0
+        self._changed = anyio.Event()  # replaced, then set, on every change of state
+        self._sources_done = False
+        self._sources_error: Exception | None = None
+        self._tg: TaskGroup | None = None
+        self._closed = False
+        self._started = self._delivered = 0
+        self._max_held = self._max_held_bytes = 0
+
+    def statistics(self) -> PrefetchStatistics:
+        """Counts of items (chunks); ``started`` counts lanes."""
+        return PrefetchStatistics(
+            started=self._started,
+            delivered=self._delivered,
+            held=self._held_items,
+            held_bytes=self._held_bytes,
+            max_held=self._max_held,
+            max_held_bytes=self._max_held_bytes,
+            max_count=self._max_lanes,
+            max_bytes=self._max_bytes,
+        )
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    async def __aenter__(self) -> LaneReadahead[T]:
+        if self._closed or self._tg is not None:
+            raise ClosedResourceError("a LaneReadahead runs once: create a new one")
+        self._tg = anyio.create_task_group()
+        await self._tg.__aenter__()
+        self._tg.start_soon(self._produce)
+        return self
+
+    async def __aexit__(
+        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> bool | None:
+        assert self._tg is not None
+        self._closed = True
+        self._tg.cancel_scope.cancel()  # stop the lanes: the consumer is gone
+        if e is None or isinstance(e, anyio.get_cancelled_exc_class()):
+            return await self._tg.__aexit__(et, e, tb)
+        # The consumer's own error (or GeneratorExit) propagates as it is: our
+        # tasks never raise anything but cancellation.
+        await self._tg.__aexit__(None, None, None)
+        return None
+
+    # -- coordination (plain synchronous state) ----------------------------------------------
+
+    def _notify(self) -> None:
+        event, self._changed = self._changed, anyio.Event()
+        event.set()
+
+    def _may_open(self) -> bool:
+        if not self._lanes:
+            return True
+        return (
+            self._open < self._max_open
+            and len(self._lanes) < self._max_lanes
+            and self._held_bytes < self._max_bytes
+        )
+
+    def _may_hold(self, lane: _LaneState[T], cost: int) -> bool:
+        if self._held_bytes + cost <= self._max_bytes:
+            return True
+        return not lane.items and lane is self._lanes[0]  # the consumer waits on it
+
+    def _hold(self, lane: _LaneState[T], cost: int, item: T) -> None:
+        lane.items.append((cost, item))
+        self._held_bytes += cost
+        self._held_items += 1
+        self._max_held = max(self._max_held, self._held_items)
+        self._max_held_bytes = max(self._max_held_bytes, self._held_bytes)
+        self._notify()
+
+    # -- tasks -------------------------------------------------------------------------------
+
+    async def _produce(self) -> None:
+        assert self._tg is not None
+        try:
+            async for lane in self._lanes_source:
+                while not self._may_open():
+                    await self._changed.wait()
+                state: _LaneState[T] = _LaneState()
+                self._lanes.append(state)
+                self._open += 1
+                self._started += 1
+                self._tg.start_soon(self._run, lane, state)
+                self._notify()
+        except anyio.get_cancelled_exc_class():
+            raise
+        except Exception as exc:  # delivered after the lanes before it
+            self._sources_error = exc
+        finally:
+            self._sources_done = True
+            self._notify()
+
+    async def _run(self, lane: Lane[T], state: _LaneState[T]) -> None:
+        try:
+            items = lane()
+            try:
+                async for cost, item in items:
+                    while not self._may_hold(state, cost):
+                        await self._changed.wait()
+                    self._hold(state, cost, item)
+            finally:
+                aclose = getattr(items, "aclose", None)
+                if aclose is not None:
+                    with anyio.CancelScope(shield=True):
+                        await aclose()
+        except anyio.get_cancelled_exc_class():
+            raise
+        except Exception as exc:  # delivered to the consumer, after the lane's items
+            state.error = exc
+        finally:
+            state.done = True
+            self._open -= 1
+            self._notify()
+
+    # -- the consumer ------------------------------------------------------------------------
+
+    def __aiter__(self) -> AsyncIterator[T]:
+        return self._results()
+
+    async def _results(self) -> AsyncIterator[T]:
+        if self._tg is None:
+            raise ClosedResourceError("iterate a LaneReadahead inside `async with`")
+        while True:
+            if not self._lanes:
+                if self._sources_done:
+                    if self._sources_error is not None:
+                        raise self._sources_error
+                    return
+                await self._changed.wait()
+                continue
+            lane = self._lanes[0]
+            if lane.items:
+                cost, item = lane.items.popleft()
+                self._held_bytes -= cost
+                self._held_items -= 1
+                self._delivered += 1
+                self._notify()
+                yield item
+                continue
+            if lane.done:
+                self._lanes.popleft()
+                self._notify()
+                if lane.error is not None:
+                    raise lane.error
+                continue
+            await self._changed.wait()

@@ -1,0 +1,1493 @@
+"""LeRobot datasets (v3.0 and v2.1) streamed from the Hub, item by item, as LeRobot gives them.
+
+::
+
+    from aiostream_hf.formats import lerobot
+
+    s = lerobot.stream(
+        "hf://datasets/lerobot/svla_so101_pickplace",
+        delta_timestamps={"observation.images.up": [-0.1, 0.0], "action": [0.0, 1 / 30]},
+    )
+    async with s:
+        async for item in s:
+            item["observation.images.up"]         # uint8 2 x H x W x 3
+            item["observation.images.up_is_pad"]  # bool (2,)
+            item["action"], item["task"]
+
+Items have the keys and values of ``LeRobotDataset.__getitem__`` (lerobot
+``datasets/lerobot_dataset.py``) as numpy arrays: every column of the data
+Parquet files (numpy scalars for ``shape: [1]`` features, arrays otherwise),
+one entry per camera (video feature) with its frame, ``task`` (the text of
+``task_index``), and with ``delta_timestamps`` a window ``T x ...`` per key with
+``{key}_is_pad``. Frames are uint8 ``H x W x 3`` (RGB); ``image_format="float32"``
+gives float32 ``3 x H x W`` in [0, 1] (``uint8 / 255``), as LeRobot's decoders do.
+
+The rules are LeRobot's:
+
+- ``get_delta_indices``: ``round(delta * fps)`` rows; ``check_delta_timestamps``:
+  every delta is a multiple of ``1 / fps`` within ``tolerance_s``.
+- ``_get_query_indices``: the rows ``index + delta`` clamped to the episode's rows
+  ``[dataset_from_index, dataset_to_index)``; ``{key}_is_pad`` is True where clamped.
+- ``_get_query_timestamps``: a camera with deltas is read at the ``timestamp`` of
+  the clamped rows, one without at the item's own ``timestamp``.
+- ``_query_videos``: the video is read at that timestamp plus the episode's
+  ``videos/{key}/from_timestamp`` (v3.0, where one MP4 holds several episodes;
+  v2.1 has one file per episode, from 0), and each frame is the one nearest in
+  time, which must lie within ``tolerance_s`` (else ``FrameTimestampError``).
+
+How it reads: ``meta/info.json`` and the episodes metadata (``meta/episodes/``
+Parquet without its ``stats/`` columns, or ``meta/episodes.jsonl``) and tasks once;
+each data Parquet file once (only the row groups of the selected episodes), when
+its first episode comes up; the frames of a batch of items through one
+``VideoReader`` per video file (kept open, at most ``max_open_videos``), which
+fetches only the samples from each frame's keyframe and decodes them in a worker
+thread. The cameras of a batch, and batches (up to ``StreamOptions.prefetch_count``
+and ``prefetch_bytes`` of frames), are fetched and decoded concurrently.
+
+Order: episodes in dataset order, frames in order. ``shuffle`` shuffles the data
+files, the episodes in each file and the frames in each episode by ``(seed,
+epoch)``, then draws items at random from a buffer of ``shuffle`` (1000 for True)
+pending items, which hold row numbers, not pictures. ``rank`` / ``world_size``
+(default: ``RANK`` / ``WORLD_SIZE``) give each rank every ``world_size``-th episode
+(every ``world_size``-th item when there are fewer episodes than ranks).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+import math
+import os
+import random
+import re
+import time
+from collections import OrderedDict
+from collections.abc import (
+    AsyncGenerator,
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Iterator,
+    Mapping,
+    Sequence,
+)
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Literal, TypeAlias
+from urllib.parse import quote
+
+import anyio
+import anyio.to_thread
+import numpy as np
+import numpy.typing as npt
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from .._bridge import SyncIterator
+from .._exceptions import (
+    ClosedResourceError,
+    DecodeError,
+    EntryNotFoundError,
+    FetchError,
+    FrameTimestampError,
+    SourceError,
+    SplitNotFoundError,
+)
+from .._fetcher import RangeFetcher
+from .._options import StreamOptions
+from .._prefetch import Job, Prefetcher
+from .._resolver import FileRef, Resolver
+from .._sources import HubSource, has_glob, parse_sources
+from . import ByteSource
+from .parquet import (
+    TAIL_READ_SIZE,
+    decode_row_group,
+    footer_length,
+    parse_footer,
+    plan_row_groups,
+)
+from .video import VideoReader, VideoStatistics
+
+__all__ = [
+    "SUPPORTED_VERSIONS",
+    "EpisodeInfo",
+    "LeRobotMetadata",
+    "LeRobotStatistics",
+    "LeRobotStream",
+    "VideoSpan",
+    "stream",
+]
+
+SUPPORTED_VERSIONS = ("v2.0", "v2.1", "v3.0")
+"""The ``codebase_version`` values of ``meta/info.json`` that this module reads."""
+
+ImageFormat: TypeAlias = Literal["uint8", "float32"]
+Array: TypeAlias = npt.NDArray[Any]
+
+_INFO = "meta/info.json"
+_TASKS_V3 = "meta/tasks.parquet"
+_EPISODES_V3 = "meta/episodes/"
+_EPISODES_V2 = "meta/episodes.jsonl"
+_TASKS_V2 = "meta/tasks.jsonl"
+_WHOLE_READ = 4 << 20  # JSON files are read with one suffix request of this many bytes
+_BATCH_ITEMS = 16  # items whose frames are fetched with one request per video file
+_SHUFFLE_BUFFER = 1000
+_REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+_SPLIT_RANGE = re.compile(r"^\s*(\d+)\s*:\s*(\d+)\s*$")
+
+
+# -- metadata ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class VideoSpan:
+    """One episode of one camera: its video file and its time span in that file (seconds)."""
+
+    file: FileRef
+    from_timestamp: float
+    to_timestamp: float
+
+
+@dataclass(frozen=True)
+class EpisodeInfo:
+    """One episode: its rows ``[dataset_from_index, dataset_to_index)`` and where they lie."""
+
+    index: int
+    length: int
+    tasks: tuple[str, ...]
+    dataset_from_index: int
+    dataset_to_index: int
+    data_file: FileRef
+    videos: Mapping[str, VideoSpan]
+
+
+@dataclass(frozen=True)
+class LeRobotMetadata:
+    """``meta/`` of a LeRobot dataset, as read once by a stream."""
+
+    source: str
+    version: str
+    fps: float
+    info: Mapping[str, Any] = field(repr=False)
+    features: Mapping[str, Mapping[str, Any]] = field(repr=False)
+    video_keys: tuple[str, ...]
+    tasks: Mapping[int, str] = field(repr=False)
+    episodes: tuple[EpisodeInfo, ...] = field(repr=False)
+    commit: str | None = None
+
+    @property
+    def total_frames(self) -> int:
+        return sum(e.length for e in self.episodes)
+
+    @property
+    def data_keys(self) -> tuple[str, ...]:
+        """The features stored in the data Parquet files (every one but the videos)."""
+        return tuple(k for k, f in self.features.items() if f.get("dtype") != "video")
+
+
+@dataclass(frozen=True)
+class LeRobotStatistics:
+    """What a LeRobot stream did so far.
+
+    items / episodes / data_files: delivered items, episodes started, data files read.
+    videos_opened / videos_evicted: VideoReaders opened, and closed to stay within
+        ``max_open_videos``.
+    video: the summed ``VideoStatistics`` counters of every reader (index and frame
+        requests and bytes, packets decoded, decoder starts and reuses).
+    fetcher / resolver: the RangeFetcher's and Resolver's statistics.
+    """
+
+    items: int
+    episodes: int
+    data_files: int
+    videos_opened: int
+    videos_evicted: int
+    time_to_first_item: float | None
+    video: Mapping[str, int] = field(default_factory=dict)
+    fetcher: Mapping[str, Any] = field(default_factory=dict)
+    resolver: Mapping[str, Any] = field(default_factory=dict)
+    max_prefetched: int = 0
+    max_prefetched_bytes: int = 0
+
+
+# -- the public call --------------------------------------------------------------------
+
+
+def stream(
+    repo: str | os.PathLike[str],
+    *,
+    delta_timestamps: Mapping[str, Sequence[float]] | None = None,
+    tolerance_s: float = 1e-4,
+    episodes: Sequence[int] | None = None,
+    image_format: ImageFormat = "uint8",
+    split: str | None = "train",
+    shuffle: bool | int | None = None,
+    seed: int = 0,
+    rank: int | None = None,
+    world_size: int | None = None,
+    batch_items: int = _BATCH_ITEMS,
+    max_open_videos: int = 16,
+    options: StreamOptions | None = None,
+    token: str | None = None,
+    endpoint: str | None = None,
+) -> LeRobotStream:
+    """A lazy stream of the items of a LeRobot dataset; nothing is read until iteration.
+
+    ``repo`` is ``hf://datasets/ORG/NAME[@REVISION]`` or a local dataset folder.
+    ``episodes`` selects episodes by ``episode_index``; ``split`` picks the episode
+    range that ``meta/info.json`` gives it (``"train": "0:50"``; None for every
+    episode). ``batch_items`` items share one frame request per video file.
+    See the module docstring for the items, the order and the rules.
+    """
+    return LeRobotStream(
+        repo,
+        delta_timestamps=delta_timestamps,
+        tolerance_s=tolerance_s,
+        episodes=episodes,
+        image_format=image_format,
+        split=split,
+        shuffle=shuffle,
+        seed=seed,
+        rank=rank,
+        world_size=world_size,
+        batch_items=batch_items,
+        max_open_videos=max_open_videos,
+        options=options,
+        token=token,
+        endpoint=endpoint,
+    )
+
+
+def _rank_and_world(rank: int | None, world_size: int | None) -> tuple[int, int]:
+    if rank is None and world_size is None:
+        env_rank, env_world = os.environ.get("RANK"), os.environ.get("WORLD_SIZE")
+        if env_rank is not None and env_world is not None:
+            rank, world_size = int(env_rank), int(env_world)
+    if rank is None and world_size is None:
+        return 0, 1
+    if rank is None or world_size is None:
+        raise SourceError(f"rank={rank!r}, world_size={world_size!r}: give both or neither")
+    if world_size < 1 or not 0 <= rank < world_size:
+        raise SourceError(
+            f"rank={rank!r}, world_size={world_size!r}: need world_size >= 1 and "
+            "0 <= rank < world_size"
+        )
+    return rank, world_size
+
+
+def _parse_repo(repo: object) -> HubSource | Path:
+    if isinstance(repo, str) and repo.startswith("hf://"):
+        sources = parse_sources(repo)
+        found = sources[0] if len(sources) == 1 else None
+        if not isinstance(found, HubSource) or (found.path is not None and has_glob(found.path)):
+            raise SourceError(
+                f"{repo!r} is not one LeRobot dataset: give hf://datasets/ORG/NAME[@REVISION]"
+            )
+        return found
+    if not isinstance(repo, (str, os.PathLike)):
+        raise SourceError(
+            f"cannot read {repo!r} as a LeRobot dataset: give hf://datasets/ORG/NAME or a folder"
+        )
+    text = os.fspath(repo)
+    if re.match(r"^[a-zA-Z][a-zA-Z0-9+.-]*://", text):
+        raise SourceError(
+            f"cannot read {text!r} as a LeRobot dataset: give hf://datasets/ORG/NAME[@REVISION] "
+            "or a local folder"
+        )
+    path = Path(text).expanduser()
+    if path.is_dir():
+        return path.resolve()
+    if _REPO_ID.match(text):
+        raise SourceError(f"no folder {text!r}: for the Hub dataset, give 'hf://datasets/{text}'")
+    raise SourceError(f"no LeRobot dataset folder at {text!r}: check the path")
+
+
+def _check_deltas(deltas: object) -> dict[str, tuple[float, ...]] | None:
+    if deltas is None:
+        return None
+    if not isinstance(deltas, Mapping) or not deltas:
+        raise SourceError(
+            f"delta_timestamps={deltas!r}: give a dict of feature -> list of seconds, "
+            'e.g. {"action": [0.0, 0.1]}'
+        )
+    checked: dict[str, tuple[float, ...]] = {}
+    for key, values in deltas.items():
+        if (
+            not isinstance(key, str)
+            or isinstance(values, (str, bytes))
+            or not isinstance(values, Sequence)
+            or not values
+        ):
+            raise SourceError(
+                f"delta_timestamps[{key!r}]={values!r}: give a non-empty list of seconds"
+            )
+        numbers: list[float] = []
+        for v in values:
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+                raise SourceError(f"delta_timestamps[{key!r}] holds {v!r}: not a finite number")
+            numbers.append(float(v))
+        checked[key] = tuple(numbers)
+    return checked
+
+
+class LeRobotStream:
+    """A lazy stream of LeRobot items: async-iterable, sync-iterable, closable. See ``stream``."""
+
+    def __init__(
+        self,
+        repo: str | os.PathLike[str],
+        *,
+        delta_timestamps: Mapping[str, Sequence[float]] | None,
+        tolerance_s: float,
+        episodes: Sequence[int] | None,
+        image_format: ImageFormat,
+        split: str | None,
+        shuffle: bool | int | None,
+        seed: int,
+        rank: int | None,
+        world_size: int | None,
+        batch_items: int,
+        max_open_videos: int,
+        options: StreamOptions | None,
+        token: str | None,
+        endpoint: str | None,
+    ) -> None:
+        if image_format not in ("uint8", "float32"):
+            raise SourceError(
+                f"image_format={image_format!r}: use 'uint8' (H x W x 3) or "
+                "'float32' (3 x H x W in [0, 1], as LeRobot)"
+            )
+        if isinstance(tolerance_s, bool) or not (
+            isinstance(tolerance_s, (int, float)) and tolerance_s >= 0
+        ):
+            raise SourceError(f"tolerance_s={tolerance_s!r}: must be a number >= 0")
+        if isinstance(shuffle, bool) or shuffle is None:
+            buffer = _SHUFFLE_BUFFER if shuffle else 0
+        elif isinstance(shuffle, int) and shuffle >= 1:
+            buffer = shuffle
+        else:
+            raise SourceError(f"shuffle={shuffle!r}: use True, False, or a buffer size >= 1")
+        if episodes is not None:
+            if isinstance(episodes, (str, bytes)) or not isinstance(episodes, Sequence):
+                raise SourceError(f"episodes={episodes!r}: give a list of episode indices")
+            if not episodes or not all(
+                isinstance(e, int) and not isinstance(e, bool) and e >= 0 for e in episodes
+            ):
+                raise SourceError(
+                    f"episodes={episodes!r}: give a non-empty list of episode indices >= 0"
+                )
+        for name, value in (("batch_items", batch_items), ("max_open_videos", max_open_videos)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise SourceError(f"{name}={value!r}: must be an integer >= 1")
+        if split is not None and not isinstance(split, str):
+            raise SourceError(f"split={split!r}: give a split name or None")
+        self._repo = repo
+        self._source = _parse_repo(repo)
+        self._deltas = _check_deltas(delta_timestamps)
+        self._tolerance = float(tolerance_s)
+        self._episodes = None if episodes is None else tuple(dict.fromkeys(episodes))
+        self._image_format: ImageFormat = image_format
+        self._split = split
+        self._shuffle_buffer = buffer
+        self._seed = seed
+        self._rank, self._world_size = _rank_and_world(rank, world_size)
+        self._batch_items = batch_items
+        self._max_open = max_open_videos
+        self._options = options or StreamOptions()
+        self._token = token
+        self._endpoint = endpoint
+        self._epoch = 0
+        self._closed = False
+        self._meta: LeRobotMetadata | None = None
+        self._iterators: list[AsyncGenerator[Any, None]] = []
+        self._sync_iterators: list[SyncIterator[Any]] = []
+        self._fetcher: RangeFetcher | None = None
+        self._resolver: Resolver | None = None
+        self._prefetch: Prefetcher[Any] | None = None
+        self._pool: _ReaderPool | None = None
+        self._video_totals: dict[str, int] = {"opened": 0, "evicted": 0}
+        self._items = self._episodes_started = self._data_files = 0
+        self._first_item: float | None = None
+        self._started = 0.0
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    async def __aenter__(self) -> LeRobotStream:
+        self._check_open()
+        return self
+
+    async def __aexit__(
+        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Stop every iteration of this stream and close its video readers and connections."""
+        self._closed = True
+        iterators, self._iterators = self._iterators, []
+        for it in iterators:
+            await it.aclose()
+
+    def close(self) -> None:
+        """Sync ``aclose()``: stop every sync iteration of this stream."""
+        self._closed = True
+        iterators, self._sync_iterators = self._sync_iterators, []
+        for it in iterators:
+            it.close()
+
+    def __enter__(self) -> LeRobotStream:
+        self._check_open()
+        return self
+
+    def __exit__(
+        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ClosedResourceError("this LeRobot stream is closed: call lerobot.stream() again")
+
+    def set_epoch(self, epoch: int) -> None:
+        """The shuffle order depends on (seed, epoch): call before each epoch's iteration."""
+        self._epoch = epoch
+
+    @property
+    def metadata(self) -> LeRobotMetadata | None:
+        """The dataset's metadata, once an iteration (or ``load_metadata``) has read it."""
+        return self._meta
+
+    async def load_metadata(self) -> LeRobotMetadata:
+        """Read (once) and return the dataset's metadata."""
+        self._check_open()
+        if self._meta is None:
+            async with (
+                Resolver(options=self._options) as resolver,
+                RangeFetcher(self._options, token=self._token, endpoint=self._endpoint) as fetcher,
+            ):
+                root = await self._root(resolver)
+                self._meta = await _load_metadata(root, fetcher)
+        return self._meta
+
+    def statistics(self) -> LeRobotStatistics:
+        totals = dict(self._video_totals)
+        if self._pool is not None:
+            _merge_counts(totals, self._pool.counts())
+        opened, evicted = totals.pop("opened"), totals.pop("evicted")
+        video = totals
+        prefetch = self._prefetch.statistics() if self._prefetch is not None else None
+        return LeRobotStatistics(
+            items=self._items,
+            episodes=self._episodes_started,
+            data_files=self._data_files,
+            videos_opened=opened,
+            videos_evicted=evicted,
+            time_to_first_item=self._first_item,
+            video=video,
+            fetcher=asdict(self._fetcher.statistics()) if self._fetcher is not None else {},
+            resolver=asdict(self._resolver.statistics()) if self._resolver is not None else {},
+            max_prefetched=prefetch.max_held if prefetch else 0,
+            max_prefetched_bytes=prefetch.max_held_bytes if prefetch else 0,
+        )
+
+    # -- iteration ---------------------------------------------------------------------
+
+    def __aiter__(self) -> AsyncIterator[dict[str, Any]]:
+        self._check_open()
+        it = self._iterate()
+        self._iterators.append(it)
+        return it
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        """Sync iteration: the pipeline runs on the process's bridge thread."""
+        self._check_open()
+        return self._iterate_sync()
+
+    async def _iterate(self) -> AsyncGenerator[dict[str, Any], None]:
+        self._started = time.monotonic()
+        batches = self._batches()
+        try:
+            async for batch in batches:
+                for item in batch:
+                    yield self._emit(item)
+        finally:
+            await batches.aclose()  # on this task: it holds the task groups' cancel scopes
+
+    def _iterate_sync(self) -> Iterator[dict[str, Any]]:
+        self._started = time.monotonic()
+        it: SyncIterator[list[dict[str, Any]]] = SyncIterator(self._batches, buffer=2)
+        self._sync_iterators.append(it)
+        try:
+            for batch in it:
+                for item in batch:
+                    yield self._emit(item)
+        finally:
+            it.close()
+            if it in self._sync_iterators:
+                self._sync_iterators.remove(it)
+
+    def _emit(self, item: dict[str, Any]) -> dict[str, Any]:
+        self._items += 1
+        if self._first_item is None:
+            self._first_item = time.monotonic() - self._started
+        return item
+
+    async def _root(self, resolver: Resolver) -> _Root:
+        if isinstance(self._source, Path):
+            return await anyio.to_thread.run_sync(_local_root, self._source)
+        return await _hub_root(self._source, resolver, self._token, self._endpoint)
+
+    async def _batches(self) -> AsyncGenerator[list[dict[str, Any]], None]:
+        """Items in batches: metadata, then data files and frames, read ahead."""
+        opts = self._options
+        async with (
+            Resolver(options=opts) as resolver,
+            RangeFetcher(opts, token=self._token, endpoint=self._endpoint) as fetcher,
+        ):
+            self._resolver, self._fetcher = resolver, fetcher
+            if self._meta is None:
+                self._meta = await _load_metadata(await self._root(resolver), fetcher)
+            meta = self._meta
+            plan = _Plan.build(
+                meta,
+                deltas=self._deltas,
+                tolerance_s=self._tolerance,
+                episodes=self._episodes,
+                split=self._split,
+                image_format=self._image_format,
+            )
+            pool = self._pool = _ReaderPool(fetcher, self._max_open)
+            try:
+                ahead: Prefetcher[list[dict[str, Any]]] = Prefetcher(
+                    self._jobs(plan, fetcher, pool),
+                    max_count=opts.prefetch_count,
+                    max_bytes=opts.prefetch_bytes,
+                )
+                self._prefetch = ahead
+                async with ahead:
+                    async for batch in ahead:
+                        yield batch
+            finally:
+                with anyio.CancelScope(shield=True):
+                    await pool.aclose()
+                _merge_counts(self._video_totals, pool.counts())
+                if self._pool is pool:
+                    self._pool = None
+
+    def _order(self, plan: _Plan) -> list[list[EpisodeInfo]]:
+        """This rank's episodes grouped by data file, in reading order."""
+        chosen = list(plan.episodes)
+        if len(chosen) >= self._world_size:
+            chosen = chosen[self._rank :: self._world_size]
+        groups: dict[str, list[EpisodeInfo]] = {}
+        for episode in chosen:
+            groups.setdefault(episode.data_file.url, []).append(episode)
+        order = list(groups.values())
+        if self._shuffle_buffer:
+            rng = random.Random(f"{self._seed}:{self._epoch}:episodes")
+            rng.shuffle(order)
+            for group in order:
+                rng.shuffle(group)
+        return order
+
+    async def _jobs(
+        self, plan: _Plan, fetcher: ByteSource, pool: _ReaderPool
+    ) -> AsyncIterator[Job[list[dict[str, Any]]]]:
+        """Batches of items to assemble, in delivery order (runs ahead of the consumer)."""
+        split_items = len(plan.episodes) < self._world_size
+        # Frame orders are the same on every rank (a rank keeps every world_size-th item of
+        # one sequence); the buffer's draws differ per rank.
+        order_rng = random.Random(f"{self._seed}:{self._epoch}:frames")
+        rng = random.Random(f"{self._seed}:{self._epoch}:buffer:{self._rank}")
+        buffer: list[_Row] = []
+        batch: list[_Row] = []
+        seq = 0
+        for group in self._order(plan):
+            rows = await _load_episodes(fetcher, plan, group)
+            self._data_files += 1
+            for episode in group:
+                data = rows[episode.index]
+                self._episodes_started += 1
+                positions = list(range(episode.length))
+                if self._shuffle_buffer:
+                    order_rng.shuffle(positions)
+                for pos in positions:
+                    seq += 1
+                    if split_items and (seq - 1) % self._world_size != self._rank:
+                        continue
+                    row = _Row(data, pos)
+                    if self._shuffle_buffer:
+                        if len(buffer) < self._shuffle_buffer:
+                            buffer.append(row)
+                            continue
+                        j = rng.randrange(len(buffer))
+                        row, buffer[j] = buffer[j], row
+                    batch.append(row)
+                    if len(batch) == self._batch_items:
+                        yield plan.job(batch, pool)
+                        batch = []
+        rng.shuffle(buffer)
+        for row in buffer:
+            batch.append(row)
+            if len(batch) == self._batch_items:
+                yield plan.job(batch, pool)
+                batch = []
+        if batch:
+            yield plan.job(batch, pool)
+
+
+# -- where the files are ----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Root:
+    """The files of a dataset: known ones (with sizes), and how to name any other."""
+
+    label: str
+    files: Mapping[str, FileRef]
+    url_base: str | None = None  # Hub: ".../resolve/{sha}/" + the dataset's folder
+    prefix: str = ""  # the dataset's folder in the repo ("" or "sub/")
+    commit: str | None = None
+
+    def file(self, path: str) -> FileRef | None:
+        """The file at ``path`` (relative to the dataset root), if it may exist."""
+        found = self.files.get(path)
+        if found is not None or self.url_base is None:
+            return found
+        return FileRef(self.url_base + quote(path), self.prefix + path)
+
+    def under(self, folder: str, suffix: str) -> list[FileRef]:
+        return [
+            f for p, f in sorted(self.files.items()) if p.startswith(folder) and p.endswith(suffix)
+        ]
+
+
+def _local_root(path: Path) -> _Root:
+    files: dict[str, FileRef] = {}
+    for dirpath, dirnames, filenames in os.walk(path):
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+        for name in filenames:
+            full = Path(dirpath) / name
+            rel = full.relative_to(path).as_posix()
+            files[rel] = FileRef(full.as_uri(), str(full), size=full.stat().st_size)
+    return _Root(label=str(path), files=files)
+
+
+async def _hub_root(
+    source: HubSource, resolver: Resolver, token: str | None, endpoint: str | None
+) -> _Root:
+    """The dataset's Parquet files (with sizes) and its commit, from one tree listing."""
+    folder = (source.path or "").strip("/")
+    prefix = f"{folder}/" if folder else ""
+    pattern = HubSource(source.repo_id, source.revision, f"{prefix}**/*.parquet").uri
+    label = HubSource(source.repo_id, source.revision, source.path).uri
+    try:
+        manifest = await resolver.resolve(pattern, token=token, endpoint=endpoint)
+    except EntryNotFoundError as exc:
+        raise EntryNotFoundError(
+            f"{label} holds no Parquet file, so it is not a LeRobot v2.1/v3.0 dataset "
+            f"(their frames are in data/*/*.parquet): {exc}"
+        ) from exc
+    files = {f.path[len(prefix) :]: f for f in manifest.files if f.path.startswith(prefix)}
+    base = f"{manifest.endpoint}/datasets/{manifest.repo_id}/resolve/{manifest.commit}/"
+    return _Root(
+        label=label,
+        files=files,
+        url_base=base + quote(prefix),
+        prefix=prefix,
+        commit=manifest.commit,
+    )
+
+
+async def _all(calls: Sequence[Callable[[], Awaitable[None]]]) -> None:
+    """Run ``calls`` concurrently. The first error cancels the others and is raised as it
+    is, not wrapped in an ExceptionGroup; cancellation from outside propagates."""
+    errors: list[Exception] = []
+
+    async def run(call: Callable[[], Awaitable[None]], scope: anyio.CancelScope) -> None:
+        try:
+            await call()
+        except anyio.get_cancelled_exc_class():
+            raise
+        except Exception as exc:  # re-raised below, after the task group
+            errors.append(exc)
+            scope.cancel()
+
+    async with anyio.create_task_group() as tg:
+        for call in calls:
+            tg.start_soon(run, call, tg.cancel_scope)
+    if errors:
+        raise errors[0]
+
+
+# -- reading metadata -------------------------------------------------------------------
+
+
+async def _read_whole(source: ByteSource, file: FileRef) -> bytes:
+    data, size = await source.read_tail(file, _WHOLE_READ)
+    if size > len(data):
+        (head,) = await source.read_ranges(file, [(0, size - len(data))])
+        data = head + data
+    return data
+
+
+async def _read_meta_file(source: ByteSource, root: _Root, path: str, what: str) -> bytes:
+    file = root.file(path)
+    if file is None:
+        raise EntryNotFoundError(f"{root.label} has no {path}: {what}")
+    try:
+        return await _read_whole(source, file)
+    except FetchError as exc:
+        if exc.status == 404:
+            raise EntryNotFoundError(f"{root.label} has no {path}: {what}") from exc
+        raise
+
+
+async def _read_parquet(
+    source: ByteSource,
+    file: FileRef,
+    *,
+    columns: Sequence[str] | None = None,
+    keep: Any = None,
+    filter: pc.Expression | None = None,
+) -> pa.Table:
+    """A Parquet file's selected columns (``keep(names)`` picks them), read with one tail
+    read plus one request for the row groups the tail does not hold."""
+    tail, size = await source.read_tail(file, TAIL_READ_SIZE)
+    needed = footer_length(tail, size, file.path)
+    if needed > len(tail):
+        (head,) = await source.read_ranges(file, [(size - needed, size - len(tail))])
+        tail = head + tail
+    footer = parse_footer(tail, size, file.path)
+    if keep is not None:
+        columns = keep(footer.schema.names)
+    plans = plan_row_groups(footer, columns, filter=filter)
+    tail_start = size - len(tail)
+    buffers: dict[tuple[int, int], bytes] = {(tail_start, size): tail}
+    missing = sorted({r for p in plans for r in p.ranges if r[0] < tail_start})
+    if missing:
+        for r, data in zip(missing, await source.read_ranges(file, missing), strict=True):
+            buffers[r] = data
+
+    def decode() -> pa.Table:
+        tables = [decode_row_group(footer, p, buffers, filter=filter) for p in plans]
+        if tables:
+            return pa.concat_tables(tables)
+        schema = footer.schema
+        names = list(columns) if columns is not None else schema.names
+        return pa.schema([schema.field(n) for n in names]).empty_table()
+
+    return await anyio.to_thread.run_sync(decode)
+
+
+def _json(data: bytes, path: str, label: str) -> Any:
+    try:
+        return json.loads(data)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise DecodeError(f"{label}: {path} is not JSON: {exc}") from exc
+
+
+def _jsonl(data: bytes, path: str, label: str) -> list[dict[str, Any]]:
+    rows = []
+    for n, line in enumerate(data.decode("utf-8", errors="replace").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise DecodeError(f"{label}: line {n} of {path} is not JSON: {exc}") from exc
+        if not isinstance(row, dict):
+            raise DecodeError(f"{label}: line {n} of {path} is not a JSON object")
+        rows.append(row)
+    return rows
+
+
+def _need(row: Mapping[str, Any], key: str, where: str) -> Any:
+    if key not in row or row[key] is None:
+        raise DecodeError(f"{where} has no {key!r}")
+    return row[key]
+
+
+def _format(template: str, where: str, **values: Any) -> str:
+    try:
+        return template.format(**values)
+    except (KeyError, IndexError, ValueError) as exc:
+        raise DecodeError(f"{where}: cannot fill the path template {template!r}: {exc}") from exc
+
+
+async def _load_metadata(root: _Root, source: ByteSource) -> LeRobotMetadata:
+    info_bytes = await _read_meta_file(
+        source,
+        root,
+        _INFO,
+        "it is not a LeRobot dataset (LeRobot v2.1 and v3.0 datasets describe themselves there)",
+    )
+    info = _json(info_bytes, _INFO, root.label)
+    if not isinstance(info, dict):
+        raise DecodeError(f"{root.label}: {_INFO} is not a JSON object")
+    version = info.get("codebase_version")
+    if version not in SUPPORTED_VERSIONS:
+        raise SourceError(
+            f"{root.label}: unsupported LeRobot codebase_version {version!r} in {_INFO}: "
+            f"aiostream-hf reads {', '.join(SUPPORTED_VERSIONS)} (convert older datasets "
+            "with lerobot's conversion scripts)"
+        )
+    where = f"{root.label} {_INFO}"
+    fps = _need(info, "fps", where)
+    features = _need(info, "features", where)
+    if isinstance(fps, bool) or not isinstance(fps, (int, float)) or fps <= 0:
+        raise DecodeError(f"{where}: fps={fps!r} is not a positive number")
+    if not isinstance(features, dict) or not all(isinstance(f, dict) for f in features.values()):
+        raise DecodeError(f"{where}: 'features' is not an object of feature objects")
+    video_keys = tuple(k for k, f in features.items() if f.get("dtype") == "video")
+    if video_keys and not isinstance(info.get("video_path"), str):
+        raise DecodeError(f"{where} has video features {list(video_keys)} but no video_path")
+    if not isinstance(info.get("data_path"), str):
+        raise DecodeError(f"{where} has no data_path template")
+    if version == "v3.0":
+        tasks, episodes = await _v3_meta(root, source, info, video_keys)
+    else:
+        tasks, episodes = await _v2_meta(root, source, info, video_keys, float(fps))
+    return LeRobotMetadata(
+        source=root.label,
+        version=version,
+        fps=float(fps),
+        info=info,
+        features=features,
+        video_keys=video_keys,
+        tasks=tasks,
+        episodes=tuple(sorted(episodes, key=lambda e: e.index)),
+        commit=root.commit,
+    )
+
+
+def _data_file(root: _Root, path: str, episode: int) -> FileRef:
+    file = root.file(path)
+    if file is None:
+        raise EntryNotFoundError(f"{root.label} has no {path} (the data file of episode {episode})")
+    return file
+
+
+def _video_file(root: _Root, path: str, episode: int, key: str) -> FileRef:
+    file = root.file(path)
+    if file is None:
+        raise EntryNotFoundError(
+            f"{root.label} has no {path} (the {key} video of episode {episode})"
+        )
+    return file
+
+
+def _task_texts(table: pa.Table, where: str) -> dict[int, str]:
+    """``meta/tasks.parquet``: pandas writes the task text as its index (named ``task``,
+    or unnamed: ``__index_level_0__``), with a ``task_index`` column."""
+    names = table.column_names
+    candidates: list[str] = []
+    pandas_meta = (table.schema.metadata or {}).get(b"pandas")
+    if pandas_meta:
+        with contextlib.suppress(ValueError, TypeError, AttributeError):
+            candidates += [
+                c for c in json.loads(pandas_meta).get("index_columns", []) if isinstance(c, str)
+            ]
+    candidates += ["task", "__index_level_0__"]
+    text = next((c for c in candidates if c in names and c != "task_index"), None)
+    if text is None:
+        raise DecodeError(f"{where} has no task text column (looked for {candidates})")
+    texts = [str(t) for t in table.column(text).to_pylist()]
+    if "task_index" in names:
+        indices = [int(i) for i in table.column("task_index").to_pylist()]
+    else:
+        indices = list(range(len(texts)))
+    return dict(zip(indices, texts, strict=True))
+
+
+async def _v3_meta(
+    root: _Root, source: ByteSource, info: Mapping[str, Any], video_keys: tuple[str, ...]
+) -> tuple[dict[int, str], list[EpisodeInfo]]:
+    tasks_file = root.file(_TASKS_V3)
+    if tasks_file is None:
+        raise EntryNotFoundError(f"{root.label} has no {_TASKS_V3} (a v3.0 dataset needs it)")
+    episode_files = root.under(_EPISODES_V3, ".parquet")
+    if not episode_files:
+        raise EntryNotFoundError(
+            f"{root.label} has no {_EPISODES_V3}*/*.parquet (a v3.0 dataset needs them)"
+        )
+
+    def keep(names: Sequence[str]) -> list[str]:
+        return [n for n in names if not n.startswith("stats/")]
+
+    results: dict[int, pa.Table] = {}
+
+    async def read(i: int, file: FileRef) -> None:
+        results[i] = await _read_parquet(source, file, keep=keep)
+
+    await _all(
+        [functools.partial(read, i, f) for i, f in [(-1, tasks_file), *enumerate(episode_files)]]
+    )
+    tasks = _task_texts(results.pop(-1), f"{root.label} {_TASKS_V3}")
+    data_path, video_path = str(info["data_path"]), str(info.get("video_path") or "")
+    episodes: list[EpisodeInfo] = []
+    for i, file in enumerate(episode_files):
+        for row in results[i].to_pylist():
+            where = f"{root.label} {file.path} (episode {row.get('episode_index')!r})"
+            e = int(_need(row, "episode_index", where))
+            data = _format(
+                data_path,
+                where,
+                chunk_index=int(_need(row, "data/chunk_index", where)),
+                file_index=int(_need(row, "data/file_index", where)),
+            )
+            videos: dict[str, VideoSpan] = {}
+            for key in video_keys:
+                path = _format(
+                    video_path,
+                    where,
+                    video_key=key,
+                    chunk_index=int(_need(row, f"videos/{key}/chunk_index", where)),
+                    file_index=int(_need(row, f"videos/{key}/file_index", where)),
+                )
+                videos[key] = VideoSpan(
+                    _video_file(root, path, e, key),
+                    float(_need(row, f"videos/{key}/from_timestamp", where)),
+                    float(_need(row, f"videos/{key}/to_timestamp", where)),
+                )
+            episodes.append(
+                EpisodeInfo(
+                    index=e,
+                    length=int(_need(row, "length", where)),
+                    tasks=tuple(str(t) for t in row.get("tasks") or ()),
+                    dataset_from_index=int(_need(row, "dataset_from_index", where)),
+                    dataset_to_index=int(_need(row, "dataset_to_index", where)),
+                    data_file=_data_file(root, data, e),
+                    videos=videos,
+                )
+            )
+    return tasks, episodes
+
+
+async def _v2_meta(
+    root: _Root,
+    source: ByteSource,
+    info: Mapping[str, Any],
+    video_keys: tuple[str, ...],
+    fps: float,
+) -> tuple[dict[int, str], list[EpisodeInfo]]:
+    texts: dict[str, bytes] = {}
+
+    async def read(path: str) -> None:
+        texts[path] = await _read_meta_file(
+            source, root, path, f"a {info['codebase_version']} dataset needs it"
+        )
+
+    await _all([functools.partial(read, _EPISODES_V2), functools.partial(read, _TASKS_V2)])
+    tasks: dict[int, str] = {}
+    for row in _jsonl(texts[_TASKS_V2], _TASKS_V2, root.label):
+        where = f"{root.label} {_TASKS_V2}"
+        tasks[int(_need(row, "task_index", where))] = str(_need(row, "task", where))
+    rows = sorted(
+        _jsonl(texts[_EPISODES_V2], _EPISODES_V2, root.label),
+        key=lambda r: int(_need(r, "episode_index", f"{root.label} {_EPISODES_V2}")),
+    )
+    chunks_size = int(info.get("chunks_size") or 1000)
+    data_path, video_path = str(info["data_path"]), str(info.get("video_path") or "")
+    episodes: list[EpisodeInfo] = []
+    start = 0
+    for row in rows:
+        e = int(row["episode_index"])
+        where = f"{root.label} {_EPISODES_V2} (episode {e})"
+        length = int(_need(row, "length", where))
+        chunk = e // chunks_size
+        data = _format(data_path, where, episode_chunk=chunk, episode_index=e)
+        videos = {
+            key: VideoSpan(
+                _video_file(
+                    root,
+                    _format(video_path, where, episode_chunk=chunk, video_key=key, episode_index=e),
+                    e,
+                    key,
+                ),
+                0.0,
+                length / fps,
+            )
+            for key in video_keys
+        }
+        episodes.append(
+            EpisodeInfo(
+                index=e,
+                length=length,
+                tasks=tuple(str(t) for t in row.get("tasks") or ()),
+                dataset_from_index=start,
+                dataset_to_index=start + length,
+                data_file=_data_file(root, data, e),
+                videos=videos,
+            )
+        )
+        start += length
+    return tasks, episodes
+
+
+# -- the plan: selection and the rules --------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _EpisodeRows:
+    """The data rows of one episode, in frame order, as numpy arrays per column."""
+
+    info: EpisodeInfo
+    columns: Mapping[str, Array]
+    timestamps: npt.NDArray[np.float64] | None
+    task_index: npt.NDArray[np.int64] | None
+
+
+@dataclass(frozen=True)
+class _Row:
+    episode: _EpisodeRows
+    pos: int
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """What to read and how: selected episodes, data columns, LeRobot's delta indices."""
+
+    meta: LeRobotMetadata
+    episodes: tuple[EpisodeInfo, ...]
+    columns: tuple[str, ...]
+    delta_indices: Mapping[str, npt.NDArray[np.int64]] | None
+    tolerance_s: float
+    image_format: ImageFormat
+    frame_bytes: Mapping[str, int]  # estimated bytes of one frame per camera, as delivered
+
+    @classmethod
+    def build(
+        cls,
+        meta: LeRobotMetadata,
+        *,
+        deltas: Mapping[str, tuple[float, ...]] | None,
+        tolerance_s: float,
+        episodes: Sequence[int] | None,
+        split: str | None,
+        image_format: ImageFormat,
+    ) -> _Plan:
+        label = meta.source
+        selected = list(meta.episodes)
+        if split is not None:
+            splits = meta.info.get("splits") or {}
+            if split in splits:
+                match = _SPLIT_RANGE.match(str(splits[split]))
+                if match is None:
+                    raise DecodeError(
+                        f"{label} {_INFO}: split {split!r} is {splits[split]!r}, not 'start:end'"
+                    )
+                lo, hi = int(match.group(1)), int(match.group(2))
+                selected = [e for e in selected if lo <= e.index < hi]
+            elif splits or split != "train":
+                names = ", ".join(sorted(splits)) or "train (every episode)"
+                raise SplitNotFoundError(f"no split {split!r} in {label}: splits are {names}")
+        if episodes is not None:
+            by_index = {e.index: e for e in selected}
+            missing = [e for e in episodes if e not in by_index]
+            if missing:
+                within = f" of split {split!r}" if split is not None else ""
+                raise SourceError(
+                    f"episodes {missing} are not episodes{within} of {label}: it has "
+                    f"{_describe_indices(sorted(by_index))}"
+                )
+            wanted = set(episodes)
+            selected = [e for e in selected if e.index in wanted]
+        delta_indices: dict[str, npt.NDArray[np.int64]] | None = None
+        if deltas is not None:
+            unknown = [k for k in deltas if k not in meta.features]
+            if unknown:
+                raise SourceError(
+                    f"delta_timestamps keys {unknown} are not features of {label}: features "
+                    f"are {', '.join(meta.features)}"
+                )
+            fps = meta.fps
+            off = {
+                k: [d for d in v if abs(d * fps - round(d * fps)) / fps > tolerance_s]
+                for k, v in deltas.items()
+            }
+            off = {k: v for k, v in off.items() if v}
+            if off:
+                raise SourceError(
+                    f"delta_timestamps {off} are not multiples of 1/{fps:g} s within "
+                    f"tolerance_s={tolerance_s} (LeRobot's check_delta_timestamps)"
+                )
+            delta_indices = {
+                k: np.array([round(d * fps) for d in v], dtype=np.int64) for k, v in deltas.items()
+            }
+        frame_bytes = {}
+        for key in meta.video_keys:
+            shape = meta.features[key].get("shape") or [480, 640, 3]
+            try:
+                n = int(np.prod([int(s) for s in shape]))
+            except (TypeError, ValueError):
+                n = 480 * 640 * 3
+            frame_bytes[key] = n * (4 if image_format == "float32" else 1)
+        return cls(
+            meta=meta,
+            episodes=tuple(selected),
+            columns=meta.data_keys,
+            delta_indices=delta_indices,
+            tolerance_s=tolerance_s,
+            image_format=image_format,
+            frame_bytes=frame_bytes,
+        )
+
+    def job(self, rows: list[_Row], pool: _ReaderPool) -> Job[list[dict[str, Any]]]:
+        windows = {k: len(v) for k, v in (self.delta_indices or {}).items()}
+        cost = len(rows) * sum(n * windows.get(k, 1) for k, n in self.frame_bytes.items())
+        batch = list(rows)
+
+        async def run() -> list[dict[str, Any]]:
+            return await _assemble(self, batch, pool)
+
+        return Job(max(cost, 1), run)
+
+
+def _describe_indices(indices: Sequence[int]) -> str:
+    if not indices:
+        return "no episodes"
+    if indices == list(range(indices[0], indices[-1] + 1)):
+        return f"episodes {indices[0]}-{indices[-1]}"
+    shown = ", ".join(map(str, indices[:20]))
+    return f"episodes {shown}" + (", ..." if len(indices) > 20 else "")
+
+
+# -- data rows --------------------------------------------------------------------------
+
+
+async def _load_episodes(
+    source: ByteSource, plan: _Plan, group: list[EpisodeInfo]
+) -> dict[int, _EpisodeRows]:
+    """The rows of ``group`` (episodes of one data file), read in one pass over the file."""
+    file = group[0].data_file
+    in_file = {e.index for e in plan.meta.episodes if e.data_file.url == file.url}
+    wanted = sorted(e.index for e in group)
+    filter = None
+    if set(wanted) != in_file:
+        filter = pc.field("episode_index").isin(wanted)
+    label = plan.meta.source
+
+    def keep(names: Sequence[str]) -> list[str]:
+        missing = [c for c in plan.columns if c not in names]
+        if missing:
+            raise DecodeError(
+                f"{label}: {file.path} has no column {missing[0]!r} of the features in {_INFO} "
+                f"(its columns are {', '.join(names)})"
+            )
+        return list(plan.columns)
+
+    table = await _read_parquet(source, file, keep=keep, filter=filter)
+    return await anyio.to_thread.run_sync(_split_episodes, table, group, file, label)
+
+
+def _split_episodes(
+    table: pa.Table, group: list[EpisodeInfo], file: FileRef, label: str
+) -> dict[int, _EpisodeRows]:
+    for needed in ("episode_index", "index"):
+        if needed not in table.column_names:
+            raise DecodeError(f"{label}: {file.path} has no {needed!r} column")
+    columns = {name: _to_numpy(table.column(name)) for name in table.column_names}
+    episode_of = columns["episode_index"]
+    out: dict[int, _EpisodeRows] = {}
+    for episode in group:
+        rows = np.flatnonzero(episode_of == episode.index)
+        index = columns["index"][rows]
+        order = np.argsort(index, kind="stable")
+        rows, index = rows[order], index[order]
+        expected = np.arange(episode.dataset_from_index, episode.dataset_to_index)
+        if len(rows) != episode.length or not np.array_equal(index, expected):
+            got = f"{len(rows)} rows" + (
+                f" with index {int(index[0])}-{int(index[-1])}" if len(rows) else ""
+            )
+            raise DecodeError(
+                f"{label}: episode {episode.index} has {got} in {file.path}, but the episodes "
+                f"metadata says {episode.length} rows with index "
+                f"{episode.dataset_from_index}-{episode.dataset_to_index - 1}"
+            )
+        cols = {name: values[rows] for name, values in columns.items()}
+        ts = cols.get("timestamp")
+        task = cols.get("task_index")
+        out[episode.index] = _EpisodeRows(
+            info=episode,
+            columns=cols,
+            timestamps=None if ts is None else np.asarray(ts, dtype=np.float64),
+            task_index=None if task is None else np.asarray(task, dtype=np.int64),
+        )
+    return out
+
+
+def _to_numpy(column: pa.ChunkedArray | pa.Array) -> Array:
+    """A column as numpy: numbers as they are, equal-length lists as extra dimensions,
+    anything else (strings, structs, ragged lists) as a 1-D object array."""
+    array = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    if isinstance(array, pa.ExtensionArray):
+        array = array.storage
+    kind = array.type
+    if array.null_count == 0:
+        if (
+            pa.types.is_fixed_size_list(kind)
+            or pa.types.is_list(kind)
+            or pa.types.is_large_list(kind)
+        ):
+            if pa.types.is_fixed_size_list(kind):
+                width = kind.list_size
+                uniform = True
+            else:
+                lengths = pc.list_value_length(array).to_numpy(zero_copy_only=False)
+                width = int(lengths[0]) if len(lengths) else 0
+                uniform = bool(np.all(lengths == width))
+            if uniform:
+                inner = _to_numpy(array.flatten())
+                if inner.dtype != object:
+                    return inner.reshape(len(array), width, *inner.shape[1:])
+        elif pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_boolean(kind):
+            return np.asarray(array.to_numpy(zero_copy_only=False))
+    values = array.to_pylist()
+    out = np.empty(len(values), dtype=object)
+    for i, value in enumerate(values):
+        out[i] = value
+    return out
+
+
+# -- frames -----------------------------------------------------------------------------
+
+
+async def _assemble(plan: _Plan, rows: list[_Row], pool: _ReaderPool) -> list[dict[str, Any]]:
+    """The items of ``rows``: data windows, then every camera's frames, fetched at once."""
+    meta = plan.meta
+    deltas = plan.delta_indices or {}
+    positions: list[dict[str, tuple[npt.NDArray[np.int64], npt.NDArray[np.bool_]]]] = []
+    for row in rows:
+        length = row.episode.info.length
+        per_key = {}
+        for key, delta in deltas.items():
+            wanted = row.pos + delta
+            per_key[key] = (np.clip(wanted, 0, length - 1), (wanted < 0) | (wanted >= length))
+        positions.append(per_key)
+
+    # Every camera's timestamps, grouped by video file.
+    requests: dict[tuple[str, str], list[tuple[int, npt.NDArray[np.float64]]]] = {}
+    files: dict[tuple[str, str], FileRef] = {}
+    for i, row in enumerate(rows):
+        episode = row.episode
+        for key in meta.video_keys:
+            if episode.timestamps is None:
+                raise DecodeError(
+                    f"{meta.source}: {episode.info.data_file.path} has no 'timestamp' column, "
+                    f"needed to read the {key} video"
+                )
+            picked = positions[i][key][0] if key in deltas else np.array([row.pos])
+            span = episode.info.videos[key]
+            # LeRobot: from_timestamp + the float32 timestamp of each (clamped) row.
+            query = span.from_timestamp + episode.timestamps[picked]
+            group = (key, span.file.url)
+            requests.setdefault(group, []).append((i, query))
+            files[group] = span.file
+
+    frames: dict[tuple[str, str], tuple[npt.NDArray[np.float64], npt.NDArray[np.uint8]]] = {}
+
+    async def fetch(group: tuple[str, str]) -> None:
+        entries = requests[group]
+        unique = np.unique(np.concatenate([q for _, q in entries]))
+        async with pool.use(files[group]) as reader:
+            try:
+                got = await reader.frames_at(unique, tolerance_s=plan.tolerance_s)
+            except FrameTimestampError as exc:
+                raise _explain(plan, group[0], reader, rows, entries, exc) from exc
+        frames[group] = (unique, got.data)
+
+    await _all([functools.partial(fetch, group) for group in requests])
+
+    def build() -> list[dict[str, Any]]:
+        items: list[dict[str, Any]] = [{} for _ in rows]
+        for group, entries in requests.items():
+            key = group[0]
+            unique, data = frames[group]
+            for i, query in entries:
+                picked = data[np.searchsorted(unique, query)]
+                if plan.image_format == "float32":
+                    picked = np.ascontiguousarray(
+                        np.moveaxis(picked.astype(np.float32) / np.float32(255), -1, -3)
+                    )
+                items[i][key] = picked if key in deltas else picked[0]
+        for i, row in enumerate(rows):
+            item = items[i]
+            columns = row.episode.columns
+            for name, values in columns.items():
+                item[name] = values[positions[i][name][0]] if name in deltas else values[row.pos]
+            for key in deltas:
+                item[f"{key}_is_pad"] = positions[i][key][1]
+            task_index = row.episode.task_index
+            if task_index is not None:
+                t = int(task_index[row.pos])
+                task = meta.tasks.get(t)
+                if task is None:
+                    raise DecodeError(
+                        f"{meta.source}: task_index {t} (episode {row.episode.info.index}) is "
+                        "not in the tasks metadata"
+                    )
+                item["task"] = task
+        return items
+
+    return await anyio.to_thread.run_sync(build)
+
+
+def _explain(
+    plan: _Plan,
+    key: str,
+    reader: VideoReader,
+    rows: list[_Row],
+    entries: list[tuple[int, npt.NDArray[np.float64]]],
+    exc: FrameTimestampError,
+) -> FrameTimestampError:
+    """The error of a frame request, naming the item and the episode it comes from."""
+    pts = reader.pts
+    duration = reader.duration
+    for i, query in entries:
+        for t in query.tolist():
+            j = int(np.clip(np.searchsorted(pts, t), 1, max(1, len(pts) - 1)))
+            near = min(pts[j - 1 : j + 1].tolist(), key=lambda p: abs(p - t)) if len(pts) else None
+            inside = 0.0 <= t <= duration + 1e-9
+            if near is not None and inside and abs(near - t) <= plan.tolerance_s:
+                continue
+            row = rows[i]
+            span = row.episode.info.videos[key]
+            what = (
+                f"is outside the video, which spans [0, {duration:.6f}]s"
+                if not inside
+                else f"has no frame within tolerance_s={plan.tolerance_s}: the nearest is at "
+                f"{near!r}s"
+            )
+            return FrameTimestampError(
+                f"{plan.meta.source}: {key} of episode {row.episode.info.index} (row "
+                f"{row.episode.info.dataset_from_index + row.pos}, frame {row.pos}): timestamp "
+                f"{t!r}s in {span.file.path} {what}; the episode spans "
+                f"[{span.from_timestamp}, {span.to_timestamp}]s of that file ({exc})"
+            )
+    return FrameTimestampError(f"{plan.meta.source}: {key}: {exc}")
+
+
+# -- video readers ----------------------------------------------------------------------
+
+
+class _Entry:
+    __slots__ = ("failed", "ready", "reader", "users")
+
+    def __init__(self, reader: VideoReader) -> None:
+        self.reader = reader
+        self.users = 0
+        self.ready = anyio.Event()
+        self.failed = False
+
+
+_COUNTERS = tuple(
+    f.name for f in fields(VideoStatistics) if f.name not in ("indexed", "fallback_reason")
+)
+
+
+class _ReaderPool:
+    """Open VideoReaders by file, shared by concurrent users, at most ``limit`` idle ones kept
+    (least recently used first out). A file is opened once even when asked for at once."""
+
+    def __init__(self, source: ByteSource, limit: int) -> None:
+        self._source = source
+        self._limit = limit
+        self._entries: OrderedDict[str, _Entry] = OrderedDict()
+        self._closed_counts: dict[str, int] = {}
+        self._closed = False
+        self.opened = 0
+        self.evicted = 0
+
+    def counts(self) -> dict[str, int]:
+        """Readers opened and evicted, and the summed statistics of every reader."""
+        counts = {**self._closed_counts, "opened": self.opened, "evicted": self.evicted}
+        for entry in self._entries.values():
+            if entry.ready.is_set() and not entry.failed:
+                _add_counts(counts, entry.reader.statistics())
+        return counts
+
+    @contextlib.asynccontextmanager
+    async def use(self, file: FileRef) -> AsyncIterator[VideoReader]:
+        entry = await self._acquire(file)
+        try:
+            yield entry.reader
+        finally:
+            entry.users -= 1
+            with anyio.CancelScope(shield=True):
+                await self._trim()
+
+    async def _acquire(self, file: FileRef) -> _Entry:
+        while True:
+            if self._closed:
+                raise ClosedResourceError("the video readers of this stream are closed")
+            entry = self._entries.get(file.url)
+            if entry is None:
+                entry = _Entry(VideoReader(file, fetcher=self._source))
+                entry.users = 1
+                self._entries[file.url] = entry
+                try:
+                    await entry.reader.aopen()
+                except BaseException:
+                    entry.failed = True
+                    if self._entries.get(file.url) is entry:
+                        del self._entries[file.url]
+                    entry.ready.set()
+                    raise
+                self.opened += 1
+                entry.ready.set()
+                return entry
+            entry.users += 1
+            self._entries.move_to_end(file.url)
+            if not entry.ready.is_set():
+                try:
+                    await entry.ready.wait()
+                except BaseException:
+                    entry.users -= 1
+                    raise
+            if entry.failed:  # its opener failed or was cancelled: open it ourselves
+                entry.users -= 1
+                continue
+            return entry
+
+    async def _trim(self) -> None:
+        while len(self._entries) > self._limit:
+            idle = next(
+                (
+                    url
+                    for url, e in self._entries.items()
+                    if e.users == 0 and e.ready.is_set() and not e.failed
+                ),
+                None,
+            )
+            if idle is None:
+                return
+            entry = self._entries.pop(idle)
+            self.evicted += 1
+            await self._close(entry)
+
+    async def _close(self, entry: _Entry) -> None:
+        _add_counts(self._closed_counts, entry.reader.statistics())
+        await entry.reader.aclose()
+
+    async def aclose(self) -> None:
+        self._closed = True
+        entries = list(self._entries.values())
+        self._entries.clear()
+        for entry in entries:
+            if entry.ready.is_set() and not entry.failed:
+                await self._close(entry)
+            else:
+                await entry.reader.aclose()
+
+
+def _add_counts(counts: dict[str, int], stats: VideoStatistics) -> None:
+    for name in _COUNTERS:
+        counts[name] = counts.get(name, 0) + int(getattr(stats, name))
+
+
+def _merge_counts(into: dict[str, int], counts: Mapping[str, int]) -> None:
+    for name, value in counts.items():
+        into[name] = into.get(name, 0) + value

@@ -1,0 +1,849 @@
+"""Parquet streaming: aiostream-hf against its peers and the local-disk limit.
+
+    .venv/bin/python benchmarks/parquet_bench.py            # full run (10-20 min)
+    .venv/bin/python benchmarks/parquet_bench.py --quick    # smoke test (< 2 min)
+
+What it measures (issue 3, "Done when"), with the local Hub server in its own
+process and ``--latency-ms`` (default 20) added to every request:
+
+* text Parquet, RecordBatch mode: ``aiostream-arrow`` rows/s over
+  ``pyarrow-local`` (``pq.ParquetFile(path).iter_batches()`` on the same files
+  on local disk; target >= 0.8); ``hffs-pyarrow`` (HfFileSystem + pyarrow) for
+  reference;
+* text Parquet, dict-rows mode: ``aiostream-rows`` over ``datasets-default``
+  and ``datasets-tuned`` (``load_dataset(..., streaming=True)``, the latter with
+  the blog's ``fragment_scan_options``; target >= 2); every side touches every
+  row (``len(row["text"])``);
+* image Parquet (real JPEG bytes), dict-rows mode: the same three, bytes only
+  on both sides (``datasets`` gets ``cast_column("image", Image(decode=False))``,
+  every side touches ``len(row["image"]["bytes"])``);
+* peak RSS of one process streaming a ~3 GB text repo with
+  ``StreamOptions(prefetch_bytes=256 MiB)``, against the budget + 300 MiB.
+
+Every contender runs in a fresh subprocess (this script with ``--worker``), so
+imports, RSS and the GIL are its own. Time runs from after the imports to the
+last row (resolution included; aiostream gets a fresh cache_dir each run).
+One warm-up round, then ``--rounds`` rounds in a rotating order. Request
+counts and bytes come from the server's stats, reset before each run. Prints a
+table and writes ``benchmarks/results/parquet.json`` (``parquet-quick.json``
+with ``--quick``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+_MODULE_START = time.perf_counter()
+HERE = Path(__file__).resolve().parent
+MiB = 1 << 20
+MB = 1e6
+
+TEXT_CONTENDERS = [
+    "aiostream-arrow",
+    "pyarrow-local",
+    "hffs-pyarrow",
+    "aiostream-rows",
+    "datasets-default",
+    "datasets-tuned",
+    "aiostream-rows-sync",  # for reference: the sync bridge (`for row in stream`)
+]
+IMAGE_CONTENDERS = ["aiostream-rows", "datasets-default", "datasets-tuned"]
+RATIOS = [  # (workload, numerator, denominator, target)
+    ("text", "aiostream-arrow", "pyarrow-local", 0.8),
+    ("text", "aiostream-rows", "datasets-default", 2.0),
+    ("text", "aiostream-rows", "datasets-tuned", 2.0),
+    ("image", "aiostream-rows", "datasets-default", 2.0),
+    ("image", "aiostream-rows", "datasets-tuned", 2.0),
+]
+BUCKETS = ("api", "resolvers", "pages", "cdn")
+RSS_CONTENDERS = ["aiostream-rows", "aiostream-arrow"]
+RSS_PREFETCH_BYTES = 256 * MiB
+RSS_ALLOWANCE = 300 * MiB
+
+# Workload sizes. Text rows are 1-10 KB of pseudo-words (the makers' default),
+# ~2.7 KB per row on disk with snappy; row groups are sized by bytes (~16 MB
+# decoded, ~8 MB on disk), since 100k rows of such text would be ~550 MB.
+PROFILES: dict[str, dict[str, dict[str, Any]]] = {
+    "full": {
+        "text": {"files": 8, "rows": 15_000, "row_group_size": 3_000},
+        "image": {"files": 8, "rows": 2_000, "row_group_size": 100, "width": 256, "height": 256},
+        "rss": {"files": 24, "rows": 48_000, "row_group_size": 3_000},
+    },
+    "quick": {
+        "text": {"files": 4, "rows": 2_000, "row_group_size": 500},
+        "image": {"files": 2, "rows": 300, "row_group_size": 100, "width": 128, "height": 128},
+        "rss": {"files": 4, "rows": 12_000, "row_group_size": 3_000},
+    },
+}
+REPOS = {"text": "bench/text", "image": "bench/images", "rss": "bench/text-rss"}
+GENERATOR_VERSION = 1  # bump when the way files are generated changes
+
+
+# =============================================================================
+# Worker: one contender, one pass over one repo, in a fresh process.
+# Only the imports a contender needs happen here, after the clock's reference.
+# =============================================================================
+
+
+def _touch_text(row: dict[str, Any]) -> int:
+    return len(row["text"])
+
+
+def _touch_image(row: dict[str, Any]) -> int:
+    return len(row["image"]["bytes"])
+
+
+def _vm_hwm() -> int | None:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def _worker(spec: dict[str, Any]) -> dict[str, Any]:
+    import resource
+
+    contender = spec["contender"]
+    touch = _touch_image if spec["workload"] == "image" else _touch_text
+    out: dict[str, Any] = {"contender": contender}
+    rows = 0
+    touched = 0
+    first: float | None = None
+
+    if contender.startswith("aiostream-"):
+        import asyncio
+
+        import aiostream_hf as ash
+
+        arrow = contender == "aiostream-arrow"
+        options = ash.StreamOptions(cache_dir=Path(spec["cache_dir"]), **spec.get("options", {}))
+        t0 = time.perf_counter()
+
+        def sync_run() -> tuple[int, int, float | None, Any]:
+            n = t = 0
+            ttf: float | None = None
+            s = ash.stream(
+                f"hf://datasets/{spec['repo']}",
+                split="train",
+                options=options,
+                endpoint=spec["endpoint"],
+            )
+            with s:
+                for row in s:
+                    if ttf is None:
+                        ttf = time.perf_counter() - t0
+                    n += 1
+                    t += touch(row)
+                return n, t, ttf, s.statistics()
+
+        async def run() -> tuple[int, int, float | None, Any]:
+            n = t = 0
+            ttf: float | None = None
+            s = ash.stream(
+                f"hf://datasets/{spec['repo']}",
+                split="train",
+                output="arrow" if arrow else "python",
+                options=options,
+                endpoint=spec["endpoint"],
+            )
+            async with s:
+                if arrow:
+                    async for batch in s:
+                        if ttf is None:
+                            ttf = time.perf_counter() - t0
+                        n += batch.num_rows
+                else:
+                    async for row in s:
+                        if ttf is None:
+                            ttf = time.perf_counter() - t0
+                        n += 1
+                        t += touch(row)
+                return n, t, ttf, s.statistics()
+
+        if contender == "aiostream-rows-sync":
+            rows, touched, first, st = sync_run()
+        else:
+            rows, touched, first, st = asyncio.run(run())
+        elapsed = time.perf_counter() - t0
+        out["aiostream_statistics"] = {
+            "fetcher": dict(st.fetcher),
+            "resolver": dict(st.resolver),
+            "units": st.units,
+            "files": st.files,
+            "max_prefetched": st.max_prefetched,
+            "max_prefetched_bytes": st.max_prefetched_bytes,
+        }
+
+    elif contender == "pyarrow-local":
+        import pyarrow.parquet as pq
+
+        t0 = time.perf_counter()
+        for path in spec["local_files"]:
+            for batch in pq.ParquetFile(path).iter_batches():
+                if first is None:
+                    first = time.perf_counter() - t0
+                rows += batch.num_rows
+        elapsed = time.perf_counter() - t0
+
+    elif contender == "hffs-pyarrow":
+        import pyarrow.parquet as pq
+        from huggingface_hub import HfFileSystem
+
+        t0 = time.perf_counter()
+        fs = HfFileSystem(endpoint=spec["endpoint"], skip_instance_cache=True)
+        files = sorted(fs.glob(f"datasets/{spec['repo']}/data/*.parquet"))
+        for path in files:
+            with fs.open(path, "rb") as f:
+                for batch in pq.ParquetFile(f).iter_batches():
+                    if first is None:
+                        first = time.perf_counter() - t0
+                    rows += batch.num_rows
+        elapsed = time.perf_counter() - t0
+
+    elif contender in ("datasets-default", "datasets-tuned"):
+        import datasets
+        import pyarrow as pa
+        import pyarrow.dataset as pads
+
+        datasets.disable_progress_bars()
+        kwargs: dict[str, Any] = {}
+        if contender == "datasets-tuned":
+            kwargs["fragment_scan_options"] = pads.ParquetFragmentScanOptions(
+                cache_options=pa.CacheOptions(prefetch_limit=1, range_size_limit=128 << 20)
+            )
+        t0 = time.perf_counter()
+        d = datasets.load_dataset(spec["repo"], split="train", streaming=True, **kwargs)
+        if spec["workload"] == "image":
+            d = d.cast_column("image", datasets.Image(decode=False))
+        for row in d:
+            if first is None:
+                first = time.perf_counter() - t0
+            rows += 1
+            touched += touch(row)
+        elapsed = time.perf_counter() - t0
+
+    else:
+        raise SystemExit(f"unknown contender {contender!r}")
+
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    out.update(
+        rows=rows,
+        touched=touched,
+        import_seconds=t0 - _MODULE_START,
+        seconds=elapsed,
+        time_to_first_row=first,
+        # VmHWM: this process's own high-water mark. Not ru_maxrss, which Linux
+        # carries over exec from the parent's memory (vfork/posix_spawn).
+        vm_hwm=_vm_hwm(),
+        cpu_user=usage.ru_utime + children.ru_utime,
+        cpu_system=usage.ru_stime + children.ru_stime,
+    )
+    return out
+
+
+# =============================================================================
+# Data: generated once under --data-dir, regenerated only when parameters change.
+# =============================================================================
+
+
+def _ensure_repo(root: Path, kind: str, params: dict[str, Any]) -> dict[str, Any]:
+    """Make the repo of ``kind`` (text, image, rss) unless it exists with these parameters."""
+    from aiostream_hf.testing import make_image_parquet, make_repo, make_text_parquet
+
+    repo_id = REPOS[kind]
+    repo_dir = root / "hub" / "datasets" / repo_id
+    stamp_path = root / "params" / f"{repo_id.replace('/', '__')}.json"
+    wanted = {"generator_version": GENERATOR_VERSION, "kind": kind, **params}
+    if stamp_path.exists() and repo_dir.exists():
+        stamp = json.loads(stamp_path.read_text())
+        if stamp.get("params") == wanted and all(
+            (repo_dir / f["path"]).is_file() and (repo_dir / f["path"]).stat().st_size == f["size"]
+            for f in stamp["files"]
+        ):
+            return stamp
+    print(f"generating {repo_id} {params} under {repo_dir} ...", flush=True)
+    started = time.perf_counter()
+    shutil.rmtree(repo_dir, ignore_errors=True)
+    stamp_path.unlink(missing_ok=True)
+    make_repo(root / "hub", repo_id, {"README.md": f"# {repo_id}\n\nbenchmark data ({kind})\n"})
+    n = params["files"]
+    files = []
+    for i in range(n):
+        rel = f"data/train-{i:05d}-of-{n:05d}.parquet"
+        if kind == "image":
+            make_image_parquet(
+                repo_dir / rel,
+                rows=params["rows"],
+                width=params["width"],
+                height=params["height"],
+                row_group_size=params["row_group_size"],
+                seed=1000 + i,
+            )
+        else:
+            make_text_parquet(
+                repo_dir / rel,
+                rows=params["rows"],
+                row_group_size=params["row_group_size"],
+                seed=1000 + i,
+                start_id=i * params["rows"],
+            )
+        files.append({"path": rel, "size": (repo_dir / rel).stat().st_size})
+    stamp = {
+        "params": wanted,
+        "repo": repo_id,
+        "files": files,
+        "rows": n * params["rows"],
+        "bytes": sum(f["size"] for f in files),
+    }
+    stamp_path.parent.mkdir(parents=True, exist_ok=True)
+    stamp_path.write_text(json.dumps(stamp, indent=1))
+    print(
+        f"  {n} files, {stamp['bytes'] / MB:.0f} MB in {time.perf_counter() - started:.0f} s",
+        flush=True,
+    )
+    return stamp
+
+
+# =============================================================================
+# Driver
+# =============================================================================
+
+
+def _environment() -> dict[str, Any]:
+    from importlib import metadata
+
+    import psutil
+
+    versions = {}
+    for name in (
+        "aiostream-hf",
+        "pyarrow",
+        "datasets",
+        "huggingface_hub",
+        "fsspec",
+        "httpx2",
+        "anyio",
+        "numpy",
+        "uvicorn",
+        "psutil",
+    ):
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = None
+    try:
+        affinity = len(os.sched_getaffinity(0))
+    except AttributeError:
+        affinity = None
+    return {
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "python": sys.version.split()[0],
+        "implementation": platform.python_implementation(),
+        "platform": platform.platform(),
+        "machine": platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "cpu_affinity": affinity,
+        "memory_total": psutil.virtual_memory().total,
+        "loadavg_at_start": os.getloadavg(),
+        "packages": versions,
+        "aiostream_hf_sources": _library_fingerprint(),
+    }
+
+
+def _worker_env(endpoint: str, tmp: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    for key in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN"):
+        env.pop(key, None)
+    env.update(
+        HF_ENDPOINT=endpoint,
+        HF_HOME=str(tmp / "hf-home"),
+        HF_DATASETS_CACHE=str(tmp / "hf-datasets"),
+        HF_HUB_DISABLE_TELEMETRY="1",
+        HF_HUB_DISABLE_PROGRESS_BARS="1",
+        HF_HUB_DISABLE_XET="1",
+        AIOSTREAM_HF_CACHE=str(tmp / "aiostream-cache"),
+        XDG_CACHE_HOME=str(tmp / "xdg-cache"),
+        PYTHONUNBUFFERED="1",
+    )
+    return env
+
+
+def _run_contender(
+    hub: Any,
+    contender: str,
+    workload: str,
+    stamp: dict[str, Any],
+    repo_root: Path,
+    log_dir: Path,
+    tag: str,
+    options: dict[str, Any] | None = None,
+    timeout: float = 1800.0,
+) -> dict[str, Any]:
+    """One pass of one contender in a fresh process; RSS polled, server stats read."""
+    import psutil
+
+    tmp = Path(tempfile.mkdtemp(prefix="aiostream-bench-"))
+    try:
+        spec = {
+            "contender": contender,
+            "workload": workload,
+            "repo": stamp["repo"],
+            "endpoint": hub.endpoint,
+            "cache_dir": str(tmp / "aiostream-cache"),
+            "local_files": [str(repo_root / f["path"]) for f in stamp["files"]],
+            "options": options or {},
+            "result_path": str(tmp / "result.json"),
+        }
+        hub.reset_stats()
+        server = _server_process(hub)
+        server_cpu = _cpu_seconds(server)
+        load_before = os.getloadavg()
+        log_path = log_dir / f"{tag}-{contender}.log"
+        started = time.perf_counter()
+        with log_path.open("w") as log:
+            proc = subprocess.Popen(
+                [sys.executable, str(Path(__file__).resolve()), "--worker", json.dumps(spec)],
+                env=_worker_env(hub.endpoint, tmp),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+            )
+            peak_tree = 0
+            try:
+                ps = psutil.Process(proc.pid)
+                while proc.poll() is None:
+                    try:
+                        procs = [ps, *ps.children(recursive=True)]
+                        total = 0
+                        for p in procs:
+                            with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
+                                total += p.memory_info().rss
+                        peak_tree = max(peak_tree, total)
+                    except psutil.NoSuchProcess:
+                        break
+                    if time.perf_counter() - started > timeout:
+                        proc.kill()
+                        raise RuntimeError(f"{contender} timed out after {timeout:.0f} s")
+                    time.sleep(0.05)
+            finally:
+                proc.wait()
+        wall = time.perf_counter() - started
+        server_cpu = _cpu_seconds(server) - server_cpu
+        load_after = os.getloadavg()
+        stats = hub.stats().to_json()
+        if proc.returncode != 0:
+            tail = log_path.read_text()[-3000:]
+            raise RuntimeError(f"{contender} exited with {proc.returncode}; log tail:\n{tail}")
+        result = json.loads(Path(spec["result_path"]).read_text())
+        if result["rows"] != stamp["rows"]:
+            raise RuntimeError(
+                f"{contender} read {result['rows']} rows of {workload}, expected {stamp['rows']}"
+            )
+        by_status = stats.get("by_status", {})
+        result.update(
+            workload=workload,
+            process_wall_seconds=wall,
+            server_cpu_seconds=server_cpu,
+            loadavg_1min=[load_before[0], load_after[0]],
+            peak_rss_polled=peak_tree,
+            peak_rss=max(peak_tree, result["vm_hwm"] or 0),
+            rows_per_s=result["rows"] / result["seconds"],
+            mb_per_s=stamp["bytes"] / MB / result["seconds"],
+            server=stats,
+            requests={b: stats["by_bucket"].get(b, 0) for b in BUCKETS},
+            status_429=int(by_status.get("429", 0)),
+            bytes_served=stats["bytes_served"],
+            read_amplification=stats["bytes_served"] / stamp["bytes"],
+        )
+        return result
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _server_process(hub: Any) -> Any:
+    """The Hub server's process (its CPU time shows whether it is the bottleneck)."""
+    import psutil
+
+    proc = getattr(hub, "_process", None)
+    try:
+        return psutil.Process(proc.pid) if proc is not None else None
+    except psutil.NoSuchProcess:
+        return None
+
+
+def _cpu_seconds(proc: Any) -> float:
+    if proc is None:
+        return float("nan")
+    times = proc.cpu_times()
+    return float(times.user + times.system)
+
+
+def _library_fingerprint() -> dict[str, Any]:
+    """A digest of the aiostream_hf sources measured (the tree changes between commits)."""
+    import hashlib
+
+    import aiostream_hf
+
+    root = Path(aiostream_hf.__file__).resolve().parent
+    digest = hashlib.sha256()
+    files = sorted(p for p in root.rglob("*.py") if "__pycache__" not in p.parts)
+    for path in files:
+        digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes())
+    newest = max(path.stat().st_mtime for path in files)
+    return {
+        "path": str(root),
+        "sha256_of_py_sources": digest.hexdigest(),
+        "files": len(files),
+        "newest_mtime": datetime.fromtimestamp(newest, timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
+def _median(xs: list[float]) -> float:
+    return float(statistics.median(xs)) if xs else float("nan")
+
+
+def _summarize(
+    rounds: list[dict[str, dict[str, Any]]], contenders: list[str]
+) -> dict[str, dict[str, Any]]:
+    out: dict[str, dict[str, Any]] = {}
+    for c in contenders:
+        runs = [r[c] for r in rounds if c in r]
+        if not runs:
+            continue
+
+        def col(key: str, runs: list[dict[str, Any]] = runs) -> list[float]:
+            return [float(x[key]) for x in runs if x.get(key) is not None]
+
+        rps = col("rows_per_s")
+        out[c] = {
+            "runs": len(runs),
+            "rows": runs[0]["rows"],
+            "rows_per_s_median": _median(rps),
+            "rows_per_s_min": min(rps),
+            "rows_per_s_max": max(rps),
+            "mb_per_s_median": _median(col("mb_per_s")),
+            "seconds_median": _median(col("seconds")),
+            "time_to_first_row_median": _median(col("time_to_first_row")),
+            "peak_rss_median": _median(col("peak_rss")),
+            "peak_rss_max": max(col("peak_rss")),
+            "cpu_seconds_median": _median([x["cpu_user"] + x["cpu_system"] for x in runs]),
+            "server_cpu_seconds_median": _median(col("server_cpu_seconds")),
+            "import_seconds_median": _median(col("import_seconds")),
+            "requests_median": {
+                b: _median([float(x["requests"][b]) for x in runs])
+                for b in ("api", "resolvers", "pages", "cdn")
+            },
+            "status_429_total": sum(x["status_429"] for x in runs),
+            "retries_total": sum(
+                x.get("aiostream_statistics", {}).get("fetcher", {}).get("retries", 0) for x in runs
+            ),
+            "bytes_served_median": _median(col("bytes_served")),
+            "read_amplification_median": _median(col("read_amplification")),
+        }
+    return out
+
+
+def _ratios(rounds_by_workload: dict[str, list[dict[str, dict[str, Any]]]]) -> list[dict[str, Any]]:
+    out = []
+    for workload, num, den, target in RATIOS:
+        rounds = rounds_by_workload.get(workload, [])
+        per_round = [
+            r[num]["rows_per_s"] / r[den]["rows_per_s"] for r in rounds if num in r and den in r
+        ]
+        if not per_round:
+            continue
+        med = _median(per_round)
+        out.append(
+            {
+                "workload": workload,
+                "ratio": f"{num} / {den}",
+                "target": target,
+                "median": med,
+                "min": min(per_round),
+                "max": max(per_round),
+                "per_round": per_round,
+                "met": med >= target,
+            }
+        )
+    return out
+
+
+def _fmt_bytes(n: float) -> str:
+    return f"{n / MiB:,.0f} MiB"
+
+
+def _print_workload(workload: str, stamp: dict[str, Any], summary: dict[str, Any]) -> None:
+    print()
+    print(
+        f"== {workload}: {stamp['repo']}, {len(stamp['files'])} files, "
+        f"{stamp['rows']:,} rows, {stamp['bytes'] / MB:,.0f} MB, "
+        f"row groups of {stamp['params']['row_group_size']:,} rows"
+    )
+    if workload == "image":
+        print(
+            "   bytes only on both sides: datasets gets cast_column('image', "
+            "Image(decode=False)); every side reads len(row['image']['bytes'])"
+        )
+    header = (
+        f"{'contender':<19} {'rows/s median':>13} {'(min-max)':>19} {'MB/s':>6} "
+        f"{'1st row':>7} {'peak RSS':>9} {'CPU s':>5} {'srv s':>5} {'api':>3} {'res':>4} "
+        f"{'cdn':>4} {'429':>3} {'fetched':>7}"
+    )
+    print(header)
+    print("-" * len(header))
+    for c, s in summary.items():
+        span = f"({s['rows_per_s_min']:,.0f}-{s['rows_per_s_max']:,.0f})"
+        req = s["requests_median"]
+        print(
+            f"{c:<19} {s['rows_per_s_median']:>13,.0f} {span:>19} {s['mb_per_s_median']:>6.1f} "
+            f"{s['time_to_first_row_median']:>6.2f}s {s['peak_rss_median'] / MiB:>5.0f} MiB "
+            f"{s['cpu_seconds_median']:>5.1f} {s['server_cpu_seconds_median']:>5.1f} "
+            f"{req['api']:>3.0f} {req['resolvers']:>4.0f} {req['cdn']:>4.0f} "
+            f"{s['status_429_total']:>3} {s['read_amplification_median']:>6.3f}x"
+        )
+
+
+def _print_ratios(ratios: list[dict[str, Any]]) -> None:
+    print()
+    print("== ratios of rows/s, measured side by side (median of per-round ratios, min-max)")
+    for r in ratios:
+        verdict = "met" if r["met"] else "MISSED"
+        print(
+            f"{r['workload']:<6} {r['ratio']:<36} {r['median']:>6.2f}x "
+            f"({r['min']:.2f}-{r['max']:.2f})  target >= {r['target']:.1f}x  {verdict}"
+        )
+
+
+def _print_rss(rss: list[dict[str, Any]], stamp: dict[str, Any]) -> None:
+    print()
+    print(
+        f"== peak RSS streaming {stamp['repo']} ({stamp['bytes'] / MB:,.0f} MB, "
+        f"{stamp['rows']:,} rows), prefetch_bytes = {_fmt_bytes(RSS_PREFETCH_BYTES)}"
+    )
+    for r in rss:
+        verdict = "within" if r["within_limit"] else "OVER"
+        print(
+            f"{r['contender']:<18} peak RSS {_fmt_bytes(r['peak_rss']):>10} "
+            f"(limit {_fmt_bytes(r['limit'])}: {verdict}); "
+            f"{r['rows_per_s']:,.0f} rows/s, {r['mb_per_s']:.1f} MB/s; "
+            f"max prefetched {_fmt_bytes(r['aiostream_statistics']['max_prefetched_bytes'])} "
+            f"in {r['aiostream_statistics']['max_prefetched']} units"
+        )
+
+
+def _rotations(contenders: list[str], rounds: int) -> list[list[str]]:
+    n = len(contenders)
+    return [contenders[r % n :] + contenders[: r % n] for r in range(rounds)]
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true", help="small data, 1 round: a smoke test")
+    p.add_argument("--latency-ms", type=float, default=20.0)
+    p.add_argument("--rounds", type=int, default=None, help="measured rounds (default 3; 1 quick)")
+    p.add_argument("--warmup", type=int, default=1, help="warm-up rounds, not reported")
+    p.add_argument("--workloads", default="text,image", help="comma-separated: text,image")
+    p.add_argument("--contenders", default=None, help="comma-separated subset (default: all)")
+    p.add_argument("--skip-rss", action="store_true", help="skip the ~3 GB peak-RSS check")
+    p.add_argument("--data-dir", type=Path, default=HERE / ".data")
+    p.add_argument("--out", type=Path, default=None, help="results JSON path")
+    p.add_argument("--worker", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+
+    if args.worker:
+        spec = json.loads(args.worker)
+        result = _worker(spec)
+        Path(spec["result_path"]).write_text(json.dumps(result))
+        return 0
+
+    from aiostream_hf.testing import Faults, HubServer
+
+    profile_name = "quick" if args.quick else "full"
+    profile = PROFILES[profile_name]
+    n_rounds = args.rounds if args.rounds is not None else (1 if args.quick else 3)
+    workloads = [w.strip() for w in args.workloads.split(",") if w.strip()]
+    only = set(args.contenders.split(",")) if args.contenders else None
+    out_path = args.out or HERE / "results" / (
+        "parquet-quick.json" if args.quick else "parquet.json"
+    )
+    data_dir = args.data_dir.resolve() / profile_name
+    log_dir = data_dir / "logs"
+    log_dir.mkdir(parents=True, exist_ok=True)
+
+    stamps = {w: _ensure_repo(data_dir, w, profile[w]) for w in workloads}
+    if not args.skip_rss:
+        stamps["rss"] = _ensure_repo(data_dir, "rss", profile["rss"])
+
+    env = _environment()
+    params = {
+        "profile": profile_name,
+        "latency_ms": args.latency_ms,
+        "rounds": n_rounds,
+        "warmup_rounds": args.warmup,
+        "workloads": {w: stamps[w]["params"] for w in stamps},
+        "aiostream_options": "StreamOptions() defaults, fresh cache_dir per run, endpoint= given",
+        "datasets_tuned": "fragment_scan_options=ParquetFragmentScanOptions(cache_options="
+        "CacheOptions(prefetch_limit=1, range_size_limit=128 << 20))",
+        "image_mode": "bytes only: datasets cast_column('image', Image(decode=False)); "
+        "all sides touch len(row['image']['bytes'])",
+        "text_touch": "dict-rows sides touch len(row['text']); arrow sides count batch.num_rows",
+        "rss_prefetch_bytes": RSS_PREFETCH_BYTES,
+        "rss_limit": RSS_PREFETCH_BYTES + RSS_ALLOWANCE,
+    }
+    print(
+        f"parquet_bench: {profile_name}, latency {args.latency_ms:g} ms, {args.warmup} warm-up + "
+        f"{n_rounds} rounds; python {env['python']}, {env['cpu_count']} CPUs, "
+        f"pyarrow {env['packages']['pyarrow']}, datasets {env['packages']['datasets']}",
+        flush=True,
+    )
+
+    results: dict[str, Any] = {
+        "benchmark": "parquet",
+        "environment": env,
+        "parameters": params,
+        "workloads": {},
+        "ratios": [],
+        "rss": None,
+    }
+    rounds_by_workload: dict[str, list[dict[str, dict[str, Any]]]] = {}
+    started = time.perf_counter()
+    hub_root = data_dir / "hub"
+    with HubServer(hub_root, subprocess=True, faults=Faults(latency_ms=args.latency_ms)) as hub:
+        # The server hashes a repo's files on first sight (for its commit sha and
+        # etags); do it now, not inside somebody's timed run.
+        import httpx2
+
+        for stamp in stamps.values():
+            httpx2.get(
+                f"{hub.endpoint}/api/datasets/{stamp['repo']}/tree/main",
+                params={"recursive": "true"},
+                timeout=600,
+            ).raise_for_status()
+
+        for workload in workloads:
+            stamp = stamps[workload]
+            repo_root = hub_root / "datasets" / stamp["repo"]
+            contenders = TEXT_CONTENDERS if workload == "text" else IMAGE_CONTENDERS
+            if only:
+                contenders = [c for c in contenders if c in only]
+            warmups: list[dict[str, dict[str, Any]]] = []
+            rounds: list[dict[str, dict[str, Any]]] = []
+            order = [contenders] * args.warmup + _rotations(contenders, n_rounds)
+            for i, names in enumerate(order):
+                warm = i < args.warmup
+                tag = f"{workload}-warmup{i}" if warm else f"{workload}-round{i - args.warmup}"
+                this: dict[str, dict[str, Any]] = {}
+                for c in names:
+                    r = _run_contender(hub, c, workload, stamp, repo_root, log_dir, tag)
+                    r["order"] = names.index(c)
+                    this[c] = r
+                    print(
+                        f"  [{time.perf_counter() - started:6.0f}s] {tag:<14} {c:<18} "
+                        f"{r['rows_per_s']:>10,.0f} rows/s {r['mb_per_s']:7.1f} MB/s "
+                        f"first {r['time_to_first_row'] or 0:5.2f}s "
+                        f"RSS {r['peak_rss'] / MiB:5.0f} MiB "
+                        f"req {r['requests']['api']}/{r['requests']['resolvers']}/"
+                        f"{r['requests']['cdn']}",
+                        flush=True,
+                    )
+                (warmups if warm else rounds).append(this)
+            rounds_by_workload[workload] = rounds
+            summary = _summarize(rounds, contenders)
+            results["workloads"][workload] = {
+                "repo": stamp["repo"],
+                "files": len(stamp["files"]),
+                "rows": stamp["rows"],
+                "bytes": stamp["bytes"],
+                "params": stamp["params"],
+                "contenders": contenders,
+                "summary": summary,
+                "rounds": rounds,
+                "warmup_rounds": warmups,
+            }
+
+        if not args.skip_rss:
+            stamp = stamps["rss"]
+            repo_root = hub_root / "datasets" / stamp["repo"]
+            limit = RSS_PREFETCH_BYTES + RSS_ALLOWANCE
+            rss_runs = []
+            for c in RSS_CONTENDERS:
+                if only and c not in only:
+                    continue
+                r = _run_contender(
+                    hub,
+                    c,
+                    "rss",
+                    stamp,
+                    repo_root,
+                    log_dir,
+                    "rss",
+                    options={"prefetch_bytes": RSS_PREFETCH_BYTES},
+                )
+                r.update(limit=limit, within_limit=r["peak_rss"] <= limit)
+                rss_runs.append(r)
+                print(
+                    f"  [{time.perf_counter() - started:6.0f}s] rss            {c:<18} "
+                    f"{r['rows_per_s']:>10,.0f} rows/s {r['mb_per_s']:7.1f} MB/s "
+                    f"RSS {r['peak_rss'] / MiB:5.0f} MiB (limit {limit / MiB:.0f})",
+                    flush=True,
+                )
+            results["rss"] = {
+                "repo": stamp["repo"],
+                "files": len(stamp["files"]),
+                "rows": stamp["rows"],
+                "bytes": stamp["bytes"],
+                "params": stamp["params"],
+                "prefetch_bytes": RSS_PREFETCH_BYTES,
+                "limit": limit,
+                "runs": rss_runs,
+            }
+
+    results["ratios"] = _ratios(rounds_by_workload)
+    results["duration_seconds"] = time.perf_counter() - started
+
+    print()
+    print(
+        f"parquet_bench ({profile_name}): {env['date']}, {env['platform']}, "
+        f"{env['cpu_count']} CPUs, python {env['python']}, latency {args.latency_ms:g} ms per "
+        f"request, {n_rounds} rounds after {args.warmup} warm-up"
+    )
+    for workload in workloads:
+        w = results["workloads"][workload]
+        _print_workload(workload, stamps[workload], w["summary"])
+    print(
+        "\n   rows/s over time = after imports to the last row (resolution included); "
+        "MB/s = file bytes / time;\n   1st row = time to the first row; peak RSS = the "
+        "contender's process tree (psutil polling and VmHWM);\n   CPU s = the contender's "
+        "CPU time, srv s = the Hub server's; api/res/cdn = server requests by bucket;\n   "
+        "fetched = bytes served / bytes of the files (pyarrow-local reads local disk: 0)"
+    )
+    _print_ratios(results["ratios"])
+    if results["rss"]:
+        _print_rss(results["rss"]["runs"], stamps["rss"])
+
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    out_path.write_text(json.dumps(results, indent=1, default=str) + "\n")
+    print(f"\nwrote {out_path} ({results['duration_seconds']:.0f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,579 @@
+"""``lerobot.stream`` against LeRobot's rules, computed here from a local copy of the dataset.
+
+The datasets come from ``aiostream_hf.testing.make_lerobot_dataset`` (tiny videos: 64x48,
+a few episodes of 20-40 frames, several episodes per video and data file in v3.0, so
+most episodes start in the middle of a file, and chunk-001 exists). They are served by
+the real ``HubServer`` over loopback.
+
+The oracle (``reference_items``) reads the files straight from disk with pyarrow,
+pandas and PyAV, and applies ``LeRobotDataset.__getitem__`` as lerobot writes it
+(``lerobot/datasets/lerobot_dataset.py`` and ``utils.py``), without any code of
+the module under test:
+
+- ``get_delta_indices``: ``round(d * fps)``;
+- ``_get_query_indices``: ``max(ep_start, min(ep_end - 1, idx + delta))`` and
+  ``is_pad = idx + delta < ep_start or idx + delta >= ep_end``;
+- ``_get_query_timestamps``: the ``timestamp`` column at the query indices for a
+  camera with deltas, else ``[current_ts]``;
+- ``_query_videos``: ``from_timestamp + ts`` (v3.0; v2.1 files start at 0), decoded
+  by PyAV from the whole file, nearest frame by ``|pts - ts|`` within tolerance,
+  ``squeeze(0)`` without deltas; float32 frames are ``C x H x W`` and ``/ 255``;
+- ``task``: ``meta.tasks.iloc[task_index].name`` (pandas, v3.0) or ``tasks[task_index]``
+  (v2.1).
+
+Every item must be equal, key for key, dtype for dtype, pixel for pixel.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import av
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from aiostream_hf import StreamOptions
+from aiostream_hf._exceptions import (
+    ClosedResourceError,
+    DecodeError,
+    EntryNotFoundError,
+    FrameTimestampError,
+    SourceError,
+    SplitNotFoundError,
+)
+from aiostream_hf.formats import lerobot
+from aiostream_hf.testing import HubServer
+from aiostream_hf.testing._lerobot import LeRobotLayout, make_lerobot_dataset
+
+pytestmark = pytest.mark.anyio
+
+W, H = 64, 48
+LENGTHS = (20, 33, 27, 40, 25)
+TOP, WRIST = "observation.images.top", "observation.images.wrist"
+WINDOWS = {
+    TOP: [-3 / 30, -1 / 30, 0.0],
+    "observation.state": [-1 / 30, 0.0],
+    "action": [0.0, 1 / 30, 2 / 30, 3 / 30],
+}
+
+
+# -- the oracle: LeRobot's rules over the files on disk -------------------------------------
+
+
+@functools.cache
+def decoded(path: Path) -> tuple[np.ndarray[Any, Any], list[np.ndarray[Any, Any]]]:
+    """Every frame of a video (pts in seconds, RGB), decoded by PyAV in order."""
+    times, images = [], []
+    with av.open(str(path)) as container:
+        for frame in container.decode(video=0):
+            times.append(frame.time)
+            images.append(frame.to_ndarray(format="rgb24"))
+    return np.array(times, dtype=np.float64), images
+
+
+def decode_frames(
+    path: Path, timestamps: Sequence[float], tolerance_s: float
+) -> np.ndarray[Any, Any]:
+    """LeRobot's ``decode_video_frames``: the nearest frame to each timestamp (T x H x W x 3)."""
+    times, images = decoded(path)
+    picked = []
+    for t in timestamps:
+        distance = np.abs(times - t)
+        j = int(np.argmin(distance))
+        assert distance[j] < tolerance_s, f"oracle: no frame near {t} in {path}"
+        picked.append(images[j])
+    return np.stack(picked)
+
+
+def reference_items(
+    layout: LeRobotLayout,
+    *,
+    delta_timestamps: Mapping[str, Sequence[float]] | None = None,
+    tolerance_s: float = 1e-4,
+    image_format: str = "uint8",
+    episodes: Sequence[int] | None = None,
+) -> list[dict[str, Any]]:
+    root = layout.path
+    info = json.loads((root / "meta" / "info.json").read_text())
+    fps, features = info["fps"], info["features"]
+    video_keys = [k for k, f in features.items() if f["dtype"] == "video"]
+    if info["codebase_version"] == "v3.0":
+        episode_rows = pa.concat_tables(
+            [pq.read_table(p) for p in sorted((root / "meta" / "episodes").glob("*/*.parquet"))]
+        ).to_pylist()
+        meta_episodes = {row["episode_index"]: row for row in episode_rows}
+        tasks = pd.read_parquet(root / "meta" / "tasks.parquet")
+
+        def task_of(i: int) -> str:
+            return str(tasks.iloc[i].name)
+
+        def video_of(ep: int, key: str) -> tuple[Path, float]:
+            row = meta_episodes[ep]
+            path = info["video_path"].format(
+                video_key=key,
+                chunk_index=row[f"videos/{key}/chunk_index"],
+                file_index=row[f"videos/{key}/file_index"],
+            )
+            return root / path, row[f"videos/{key}/from_timestamp"]
+
+        bounds = {
+            e: (r["dataset_from_index"], r["dataset_to_index"]) for e, r in meta_episodes.items()
+        }
+    else:
+        lines = (root / "meta" / "episodes.jsonl").read_text().splitlines()
+        rows_v2 = sorted((json.loads(x) for x in lines), key=lambda r: r["episode_index"])
+        task_lines = (root / "meta" / "tasks.jsonl").read_text().splitlines()
+        task_map = {r["task_index"]: r["task"] for r in map(json.loads, task_lines)}
+
+        def task_of(i: int) -> str:
+            return str(task_map[i])
+
+        def video_of(ep: int, key: str) -> tuple[Path, float]:
+            path = info["video_path"].format(
+                episode_chunk=ep // info["chunks_size"], video_key=key, episode_index=ep
+            )
+            return root / path, 0.0
+
+        bounds, start = {}, 0
+        for r in rows_v2:
+            bounds[r["episode_index"]] = (start, start + r["length"])
+            start += r["length"]
+
+    data_files = sorted((root / "data").glob("*/*.parquet"))
+    hf_dataset = pa.concat_tables([pq.read_table(p) for p in data_files]).to_pylist()
+    hf_dataset.sort(key=lambda r: r["index"])
+    assert [r["index"] for r in hf_dataset] == list(range(len(hf_dataset)))
+
+    def as_array(key: str, value: Any) -> Any:
+        return np.asarray(value, dtype=features[key]["dtype"])
+
+    delta_indices = (
+        {k: [round(d * fps) for d in v] for k, v in delta_timestamps.items()}
+        if delta_timestamps
+        else None
+    )
+    items = []
+    for idx, row in enumerate(hf_dataset):
+        ep = row["episode_index"]
+        if episodes is not None and ep not in episodes:
+            continue
+        item: dict[str, Any] = {k: as_array(k, v) for k, v in row.items()}
+        query_indices = None
+        if delta_indices is not None:
+            ep_start, ep_end = bounds[ep]
+            query_indices = {
+                k: [max(ep_start, min(ep_end - 1, idx + d)) for d in ds]
+                for k, ds in delta_indices.items()
+            }
+            padding = {
+                f"{k}_is_pad": np.array(
+                    [(idx + d < ep_start) | (idx + d >= ep_end) for d in ds], dtype=bool
+                )
+                for k, ds in delta_indices.items()
+            }
+            item = {**item, **padding}
+            for k, q in query_indices.items():
+                if k not in video_keys:
+                    item[k] = np.stack([as_array(k, hf_dataset[i][k]) for i in q])
+        frames = {}
+        current_ts = float(np.float32(row["timestamp"]))
+        for key in video_keys:
+            if query_indices is not None and key in query_indices:
+                query_ts = [
+                    float(np.float32(hf_dataset[i]["timestamp"])) for i in query_indices[key]
+                ]
+            else:
+                query_ts = [current_ts]
+            path, from_timestamp = video_of(ep, key)
+            got = decode_frames(path, [from_timestamp + t for t in query_ts], tolerance_s)
+            if image_format == "float32":
+                got = got.transpose(0, 3, 1, 2).astype(np.float32) / np.float32(255)
+            frames[key] = got[0] if len(query_ts) == 1 and key not in (delta_indices or {}) else got
+        item = {**frames, **item}
+        item["task"] = task_of(int(row["task_index"]))
+        items.append(item)
+    return items
+
+
+def assert_items_equal(got: Sequence[Mapping[str, Any]], want: Sequence[Mapping[str, Any]]) -> None:
+    assert len(got) == len(want)
+    for n, (g, w) in enumerate(zip(got, want, strict=True)):
+        assert set(g) == set(w), f"item {n}: keys {sorted(g)} != {sorted(w)}"
+        for key, expected in w.items():
+            value = g[key]
+            if isinstance(expected, str):
+                assert value == expected, f"item {n} {key}"
+                continue
+            actual = np.asarray(value)
+            assert actual.dtype == expected.dtype, f"item {n} {key}: {actual.dtype}"
+            assert actual.shape == expected.shape, f"item {n} {key}: {actual.shape}"
+            assert np.array_equal(actual, expected), f"item {n} {key} differs"
+
+
+# -- fixtures -------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def hub_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("hub")
+
+
+@pytest.fixture(scope="module")
+def datasets(hub_root: Path) -> dict[str, LeRobotLayout]:
+    common: dict[str, Any] = {"width": W, "height": H, "episodes": LENGTHS}
+    v3: dict[str, Any] = {
+        **common,
+        "episodes_per_video_file": 3,
+        "episodes_per_data_file": 2,
+        "chunks_size": 2,
+    }
+    return {
+        "v3-av1": make_lerobot_dataset(hub_root, "org/v3-av1", codec="av1", **v3),
+        "v3-h264": make_lerobot_dataset(
+            hub_root, "org/v3-h264", codec="h264", gop=12, seed=1, **v3
+        ),
+        "v21": make_lerobot_dataset(
+            hub_root, "org/v21", version="v2.1", codec="h264", seed=2, chunks_size=3, **common
+        ),
+    }
+
+
+@pytest.fixture(scope="module")
+def hub(hub_root: Path, datasets: dict[str, LeRobotLayout]) -> Iterator[HubServer]:
+    with HubServer(hub_root) as server:
+        yield server
+
+
+@pytest.fixture
+def options(tmp_path: Path) -> StreamOptions:
+    return StreamOptions(cache_dir=tmp_path / "cache", prefetch_count=4)
+
+
+async def collect(s: lerobot.LeRobotStream) -> list[dict[str, Any]]:
+    async with s:
+        return [item async for item in s]
+
+
+def remote(
+    layout: LeRobotLayout, hub: HubServer, options: StreamOptions, **kwargs: Any
+) -> lerobot.LeRobotStream:
+    return lerobot.stream(layout.uri, endpoint=hub.endpoint, options=options, **kwargs)
+
+
+# -- items equal LeRobot's ------------------------------------------------------------------
+
+
+def test_the_datasets_cover_the_hard_cases(datasets: dict[str, LeRobotLayout]) -> None:
+    """Episodes that start mid-file (video and data), and more than one chunk."""
+    v3 = datasets["v3-av1"]
+    starts = [e.videos[TOP].from_timestamp for e in v3.episodes]
+    assert sum(s > 0 for s in starts) >= 2
+    assert len({e.data_path for e in v3.episodes}) == 3
+    assert any("chunk-001" in e.data_path for e in v3.episodes)
+    assert (v3.path / "meta" / "episodes" / "chunk-000" / "file-000.parquet").is_file()
+    v21 = datasets["v21"]
+    assert v21.info["codebase_version"] == "v2.1"
+    assert any("chunk-001" in e.data_path for e in v21.episodes)
+
+
+@pytest.mark.parametrize("name", ["v3-av1", "v3-h264", "v21"])
+@pytest.mark.parametrize("windows", [False, True], ids=["frames", "windows"])
+async def test_items_match_lerobot(
+    datasets: dict[str, LeRobotLayout],
+    hub: HubServer,
+    options: StreamOptions,
+    name: str,
+    windows: bool,
+) -> None:
+    layout = datasets[name]
+    deltas = WINDOWS if windows else None
+    got = await collect(remote(layout, hub, options, delta_timestamps=deltas))
+    want = reference_items(layout, delta_timestamps=deltas)
+    assert len(want) == layout.total_frames
+    assert_items_equal(got, want)
+    if windows:  # windows were clamped at both ends of episodes
+        assert any(item[f"{TOP}_is_pad"][0] for item in got)
+        assert any(item["action_is_pad"][-1] for item in got)
+
+
+async def test_float32_chw(
+    datasets: dict[str, LeRobotLayout], hub: HubServer, options: StreamOptions
+) -> None:
+    layout = datasets["v3-av1"]
+    got = await collect(
+        remote(layout, hub, options, delta_timestamps=WINDOWS, image_format="float32")
+    )
+    want = reference_items(layout, delta_timestamps=WINDOWS, image_format="float32")
+    assert_items_equal(got, want)
+    assert got[0][TOP].shape == (3, 3, H, W)
+    assert got[0][WRIST].shape == (3, H, W)
+    assert float(got[0][WRIST].min()) >= 0.0
+    assert float(got[0][WRIST].max()) <= 1.0
+
+
+async def test_episodes_subset(
+    datasets: dict[str, LeRobotLayout], hub: HubServer, options: StreamOptions
+) -> None:
+    layout = datasets["v3-h264"]
+    got = await collect(remote(layout, hub, options, delta_timestamps=WINDOWS, episodes=[3, 1]))
+    want = reference_items(layout, delta_timestamps=WINDOWS, episodes=[1, 3])
+    assert_items_equal(got, want)
+    assert {int(i["episode_index"]) for i in got} == {1, 3}
+
+
+async def test_local_folder(datasets: dict[str, LeRobotLayout], options: StreamOptions) -> None:
+    layout = datasets["v21"]
+    s = lerobot.stream(layout.path, delta_timestamps=WINDOWS, options=options)
+    assert_items_equal(await collect(s), reference_items(layout, delta_timestamps=WINDOWS))
+    stats = s.statistics()
+    assert stats.fetcher["requests"]["local"] > 0
+    assert stats.fetcher["requests"]["range"] == 0
+
+
+def test_sync_iteration(
+    datasets: dict[str, LeRobotLayout], hub: HubServer, options: StreamOptions
+) -> None:
+    layout = datasets["v3-av1"]
+    with remote(layout, hub, options, episodes=[4]) as s:
+        got = list(s)
+    assert_items_equal(got, reference_items(layout, episodes=[4]))
+    # leaving the loop early stops the producer
+    with remote(layout, hub, options) as s:
+        for n, _ in enumerate(s):
+            if n == 3:
+                break
+
+
+# -- what it reads ----------------------------------------------------------------------------
+
+
+async def test_reads_each_index_once_and_reuses_decoders(
+    datasets: dict[str, LeRobotLayout], hub: HubServer, options: StreamOptions
+) -> None:
+    layout = datasets["v3-h264"]
+    s = remote(layout, hub, options, batch_items=8)
+    before = hub.stats()
+    items = await collect(s)
+    after = hub.stats()
+    stats = s.statistics()
+    video_files = {span.path for e in layout.episodes for span in e.videos.values()}
+    assert stats.items == len(items) == layout.total_frames
+    assert stats.videos_opened == len(video_files) == 4
+    assert stats.video["index_requests"] <= 2 * len(video_files)
+    assert stats.video["decoder_reuses"] > stats.video["decoder_starts"]
+    assert stats.data_files == 3
+    # one frame request per video file and batch, at most
+    batches = -(-layout.total_frames // 8)
+    assert stats.video["frame_requests"] <= batches * len(layout.video_keys) + len(video_files)
+    cdn = after.by_bucket.get("cdn", 0) - before.by_bucket.get("cdn", 0)
+    assert cdn <= stats.fetcher["requests"]["range"]
+    assert stats.time_to_first_item is not None
+
+
+async def test_max_open_videos(
+    datasets: dict[str, LeRobotLayout], hub: HubServer, options: StreamOptions
+) -> None:
+    layout = datasets["v21"]  # 10 video files
+    s = remote(layout, hub, options, max_open_videos=1, batch_items=4)
+    assert_items_equal(await collect(s), reference_items(layout))
+    stats = s.statistics()
+    assert stats.videos_evicted >= stats.videos_opened - 2 > 0
+
+
+# -- order: shuffle and ranks -------------------------------------------------------------------
+
+
+async def test_shuffle(
+    datasets: dict[str, LeRobotLayout], hub: HubServer, options: StreamOptions
+) -> None:
+    layout = datasets["v3-av1"]
+    want = {int(i["index"]): i for i in reference_items(layout, delta_timestamps=WINDOWS)}
+
+    async def order(seed: int, epoch: int = 0) -> list[dict[str, Any]]:
+        s = remote(layout, hub, options, delta_timestamps=WINDOWS, shuffle=50, seed=seed)
+        s.set_epoch(epoch)
+        return await collect(s)
+
+    first = await order(1)
+    indices = [int(i["index"]) for i in first]
+    assert sorted(indices) == sorted(want)
+    assert indices != sorted(indices)
+    assert_items_equal(first, [want[i] for i in indices])  # shuffled, still LeRobot's items
+    assert [int(i["index"]) for i in await order(1)] == indices
+    assert [int(i["index"]) for i in await order(2)] != indices
+    assert [int(i["index"]) for i in await order(1, epoch=1)] != indices
+
+
+@pytest.mark.parametrize("world_size", [2, 7])
+async def test_ranks_are_disjoint_and_complete(
+    datasets: dict[str, LeRobotLayout], hub: HubServer, options: StreamOptions, world_size: int
+) -> None:
+    layout = datasets["v3-h264"]
+    seen: list[int] = []
+    for rank in range(world_size):
+        s = remote(layout, hub, options, rank=rank, world_size=world_size, shuffle=10)
+        seen += [int(i["index"]) for i in await collect(s)]
+    assert sorted(seen) == list(range(layout.total_frames))
+
+
+# -- errors -----------------------------------------------------------------------------------
+
+
+def copy_repo(layout: LeRobotLayout, hub_root: Path, name: str) -> Path:
+    target = hub_root / "datasets" / "org" / name
+    for path in layout.path.rglob("*"):
+        if path.is_file():
+            dest = target / path.relative_to(layout.path)
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            dest.write_bytes(path.read_bytes())
+    return target
+
+
+def shift_from_timestamp(repo: Path, episode: int, key: str, by: float) -> None:
+    path = repo / "meta" / "episodes" / "chunk-000" / "file-000.parquet"
+    table = pq.read_table(path)
+    column = f"videos/{key}/from_timestamp"
+    values = table.column(column).to_pylist()
+    values[episode] += by
+    index = table.column_names.index(column)
+    pq.write_table(table.set_column(index, column, pa.array(values, pa.float64())), path)
+
+
+async def test_missing_info_json(
+    datasets: dict[str, LeRobotLayout], hub_root: Path, hub: HubServer, options: StreamOptions
+) -> None:
+    repo = copy_repo(datasets["v3-av1"], hub_root, "no-info")
+    (repo / "meta" / "info.json").unlink()
+    s = lerobot.stream("hf://datasets/org/no-info", endpoint=hub.endpoint, options=options)
+    with pytest.raises(EntryNotFoundError, match=r"org/no-info has no meta/info\.json"):
+        await collect(s)
+
+
+async def test_unsupported_codebase_version(
+    datasets: dict[str, LeRobotLayout], hub_root: Path, hub: HubServer, options: StreamOptions
+) -> None:
+    repo = copy_repo(datasets["v3-av1"], hub_root, "old-version")
+    info = json.loads((repo / "meta" / "info.json").read_text())
+    info["codebase_version"] = "v1.6"
+    (repo / "meta" / "info.json").write_text(json.dumps(info))
+    s = lerobot.stream("hf://datasets/org/old-version", endpoint=hub.endpoint, options=options)
+    with pytest.raises(SourceError, match=r"unsupported LeRobot codebase_version 'v1\.6'"):
+        await collect(s)
+
+
+async def test_timestamp_outside_the_video(
+    datasets: dict[str, LeRobotLayout], hub_root: Path, hub: HubServer, options: StreamOptions
+) -> None:
+    repo = copy_repo(datasets["v3-av1"], hub_root, "past-the-end")
+    shift_from_timestamp(repo, 4, TOP, 5.0)
+    s = lerobot.stream(
+        "hf://datasets/org/past-the-end", endpoint=hub.endpoint, options=options, episodes=[4]
+    )
+    with pytest.raises(FrameTimestampError) as caught:
+        await collect(s)
+    message = str(caught.value)
+    assert "observation.images.top of episode 4" in message
+    assert "videos/observation.images.top/chunk-000/file-001.mp4" in message
+    assert "6.3333" in message
+    assert "outside the video" in message
+
+
+async def test_timestamp_between_frames(
+    datasets: dict[str, LeRobotLayout], hub_root: Path, hub: HubServer, options: StreamOptions
+) -> None:
+    repo = copy_repo(datasets["v3-av1"], hub_root, "half-frame")
+    shift_from_timestamp(repo, 1, WRIST, 0.5 / 30)
+    s = lerobot.stream(
+        "hf://datasets/org/half-frame", endpoint=hub.endpoint, options=options, episodes=[1]
+    )
+    with pytest.raises(FrameTimestampError, match=r"wrist of episode 1 .*no frame within"):
+        await collect(s)
+    # a looser tolerance accepts the nearest frame, as LeRobot does
+    loose = lerobot.stream(
+        "hf://datasets/org/half-frame",
+        endpoint=hub.endpoint,
+        options=options,
+        episodes=[1],
+        tolerance_s=0.6 / 30,
+    )
+    assert len(await collect(loose)) == LENGTHS[1]
+
+
+async def test_data_rows_that_disagree_with_the_metadata(
+    datasets: dict[str, LeRobotLayout], hub_root: Path, hub: HubServer, options: StreamOptions
+) -> None:
+    repo = copy_repo(datasets["v3-av1"], hub_root, "bad-rows")
+    path = repo / "data" / "chunk-000" / "file-000.parquet"
+    pq.write_table(pq.read_table(path).slice(0, 30), path)  # episode 1 loses rows
+    s = lerobot.stream("hf://datasets/org/bad-rows", endpoint=hub.endpoint, options=options)
+    with pytest.raises(DecodeError, match=r"episode 1 has 10 rows with index 20-29 in data/"):
+        await collect(s)
+
+
+async def test_bad_selection(
+    datasets: dict[str, LeRobotLayout], hub: HubServer, options: StreamOptions
+) -> None:
+    layout = datasets["v3-av1"]
+    cases: list[tuple[dict[str, Any], type[Exception], str]] = [
+        ({"split": "test"}, SplitNotFoundError, r"no split 'test' in .*: splits are train"),
+        ({"episodes": [2, 9]}, SourceError, r"episodes \[9\] are not episodes"),
+        ({"delta_timestamps": {"nope": [0.0]}}, SourceError, r"keys \['nope'\] are not features"),
+        ({"delta_timestamps": {"action": [0.01]}}, SourceError, r"not multiples of 1/30"),
+    ]
+    for kwargs, error, match in cases:
+        with pytest.raises(error, match=match):
+            await collect(remote(layout, hub, options, **kwargs))
+
+
+def test_bad_arguments(datasets: dict[str, LeRobotLayout], tmp_path: Path) -> None:
+    folder = datasets["v21"].path
+    for kwargs, match in [
+        ({"image_format": "float16"}, "image_format"),
+        ({"tolerance_s": -1}, "tolerance_s"),
+        ({"shuffle": 0}, "shuffle"),
+        ({"episodes": []}, "episodes"),
+        ({"episodes": "12"}, "episodes"),
+        ({"delta_timestamps": {"action": []}}, "delta_timestamps"),
+        ({"delta_timestamps": {"action": [float("nan")]}}, "finite"),
+        ({"batch_items": 0}, "batch_items"),
+        ({"rank": 1}, "rank"),
+    ]:
+        with pytest.raises(SourceError, match=match):
+            lerobot.stream(folder, **kwargs)
+    with pytest.raises(SourceError, match="hf://datasets/org/name"):
+        lerobot.stream("org/name")
+    with pytest.raises(SourceError, match="no LeRobot dataset folder"):
+        lerobot.stream(tmp_path / "missing")
+    with pytest.raises(SourceError, match="not one LeRobot dataset"):
+        lerobot.stream("hf://datasets/org/name/data/*.parquet")
+    with pytest.raises(SourceError, match="give hf://datasets"):
+        lerobot.stream("https://example.com/dataset")
+
+
+async def test_closed_stream(datasets: dict[str, LeRobotLayout], options: StreamOptions) -> None:
+    s = lerobot.stream(datasets["v21"].path, options=options)
+    meta = await s.load_metadata()
+    assert meta.version == "v2.1"
+    assert meta.video_keys == (TOP, WRIST)
+    assert meta.total_frames == sum(LENGTHS)
+    assert s.metadata is meta
+    await s.aclose()
+    with pytest.raises(ClosedResourceError):
+        s.__aiter__()
+
+
+def test_maker_is_deterministic(tmp_path: Path) -> None:
+    a = make_lerobot_dataset(tmp_path / "a", "org/x", episodes=2, width=W, height=H, seed=5)
+    b = make_lerobot_dataset(tmp_path / "b", "org/x", episodes=2, width=W, height=H, seed=5)
+    for path in a.path.rglob("*"):
+        if path.suffix in (".parquet", ".json", ".jsonl"):
+            assert path.read_bytes() == (b.path / path.relative_to(a.path)).read_bytes()
+    assert a.episodes == b.episodes
+    assert len(a.episodes) == 2

@@ -1,0 +1,394 @@
+"""The ``aiostream-hf`` command line, every command run against the local Hub server.
+
+Commands run in-process through click's ``CliRunner`` (``hub serve`` and ``demo`` in
+a subprocess, as a user runs them). Every error path must end with exit code != 0,
+no traceback, and, for bad input the library rejects, exactly one line: ``Error: ...``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from collections.abc import Iterator, Sequence
+from fractions import Fraction
+from pathlib import Path
+from typing import Any
+
+import av
+import httpx2
+import numpy as np
+import pytest
+from click.testing import CliRunner, Result
+
+from aiostream_hf.cli import main, summarize
+from aiostream_hf.testing import (
+    HubServer,
+    make_image_parquet,
+    make_repo,
+    make_repo_split_naming,
+    make_repo_yaml_configs,
+    make_webdataset_shards,
+)
+
+FPS, W, H = 10, 64, 48
+
+
+def _encode_mp4(path: Path, frames: int) -> None:
+    """A small H.264 MP4: frame n is a flat grey of level 8n, pts n / FPS."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with av.open(str(path), "w") as container:
+        s = container.add_stream("libx264", rate=FPS, options={"g": "5", "preset": "ultrafast"})
+        s.width, s.height, s.pix_fmt = W, H, "yuv420p"
+        for n in range(frames):
+            image = np.full((H, W, 3), 8 * n, dtype=np.uint8)
+            frame = av.VideoFrame.from_ndarray(image, format="rgb24")
+            frame.pts, frame.time_base = n, Fraction(1, FPS)
+            container.mux(s.encode(frame))
+        container.mux(s.encode(None))
+
+
+@pytest.fixture(scope="module")
+def hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HubServer]:
+    root = tmp_path_factory.mktemp("hub")
+    make_repo_yaml_configs(root)  # org/yaml-configs: en (train 2 files, test 1), fr (train 2)
+    make_repo_split_naming(root)  # org/split-naming: train 100 rows, test 50
+    images = make_repo(root, "org/images", {"README.md": "# images\n"})
+    make_image_parquet(images / "data/train-00000-of-00001.parquet", rows=12)
+    shards = make_repo(root, "org/shards", {"README.md": "# shards\n"})
+    make_webdataset_shards(shards, shards=2, samples_per_shard=3)
+    robot = make_repo(root, "org/robot", {"README.md": "# robot\n"})
+    _encode_mp4(robot / "videos/episode_000000.mp4", frames=30)
+    with HubServer(root) as server:
+        yield server
+
+
+@pytest.fixture(autouse=True)
+def _cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AIOSTREAM_HF_CACHE", str(tmp_path / "cache"))
+
+
+def run(*args: str) -> Result:
+    return CliRunner().invoke(main, list(args))
+
+
+def ok(result: Result) -> str:
+    assert result.exit_code == 0, result.output
+    return result.stdout
+
+
+def one_line_error(result: Result, *needles: str) -> str:
+    """Exit code 1, no traceback, and exactly one line of output: ``Error: ...``."""
+    assert result.exit_code == 1, result.output
+    assert isinstance(result.exception, SystemExit)  # not an uncaught exception
+    assert "Traceback" not in result.output
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1, lines
+    assert lines[0].startswith("Error: "), lines
+    for needle in needles:
+        assert needle in lines[0]
+    return lines[0]
+
+
+def usage_error(result: Result, *needles: str) -> None:
+    """Bad options: click's usage error, exit code 2, no traceback."""
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.output
+    errors = [line for line in result.output.splitlines() if line.startswith("Error: ")]
+    assert len(errors) == 1
+    for needle in needles:
+        assert needle in errors[0]
+
+
+def endpoint(hub: HubServer) -> Sequence[str]:
+    return ["--endpoint", hub.endpoint]
+
+
+# -- ls ---------------------------------------------------------------------------------
+
+
+def test_ls_lists_configs_splits_files_and_sizes(hub: HubServer) -> None:
+    out = ok(run("ls", "hf://datasets/org/yaml-configs", *endpoint(hub)))
+    assert out.startswith("org/yaml-configs @ ")
+    assert "format: parquet" in out
+    lines = out.splitlines()
+    splits = [line.split() for line in lines if line.startswith(("en ", "fr "))]
+    assert [(s[0], s[-4], s[-3]) for s in splits] == [
+        ("en", "train", "2"),
+        ("en", "test", "1"),
+        ("fr", "train", "2"),
+    ]
+    assert all(s[-1] == "kB" for s in splits)  # sizes, e.g. "14.7 kB"
+    for path in ("en/train-0.parquet", "en/train-1.parquet", "en/test.parquet", "fr/b.parquet"):
+        assert path in out
+
+
+def test_ls_one_config_and_split(hub: HubServer) -> None:
+    out = ok(
+        run(
+            "ls",
+            "hf://datasets/org/yaml-configs",
+            "--config",
+            "fr",
+            "--split",
+            "train",
+            *endpoint(hub),
+        )
+    )
+    assert "fr/a.parquet" in out
+    assert "fr/b.parquet" in out
+    assert "en/" not in out
+
+
+def test_ls_webdataset_and_local_files(hub: HubServer) -> None:
+    out = ok(run("ls", "hf://datasets/org/shards", *endpoint(hub)))
+    assert "format: webdataset" in out
+    assert "train-000000.tar" in out
+    assert "train-000001.tar" in out
+    local = hub.root / "datasets/org/shards/train-{000000..000001}.tar"
+    out = ok(run("ls", str(local)))
+    assert "train-000001.tar" in out
+
+
+@pytest.mark.parametrize(
+    ("args", "needles"),
+    [
+        (["hf://datasets/org/nope"], ["org/nope", "not found"]),
+        (["hf://datasets/org/yaml-configs", "--split", "tain"], ["'tain'", "test, train"]),
+        (["hf://datasets/org/yaml-configs", "--config", "de"], ["'de'", "en, fr"]),
+        (["hf://datasets/x"], ["ORG/NAME"]),
+        (["hf://datasets/org/yaml-configs@nobranch"], ["nobranch"]),
+        (["/no/such/file.parquet"], ["does not exist"]),
+    ],
+)
+def test_ls_bad_input_is_one_line(hub: HubServer, args: list[str], needles: list[str]) -> None:
+    one_line_error(run("ls", *args, *endpoint(hub)), *needles)
+
+
+def test_a_bad_endpoint_is_one_line() -> None:
+    one_line_error(run("ls", "hf://datasets/org/x", "--endpoint", "ftp://nowhere"), "ftp://")
+
+
+# -- head -------------------------------------------------------------------------------
+
+
+def test_head_summarises_binary_fields(hub: HubServer) -> None:
+    out = ok(run("head", "hf://datasets/org/images", "-n", "2", *endpoint(hub)))
+    assert "[0]" in out
+    assert "[1]" in out
+    assert "[2]" not in out
+    assert "image    {bytes: <bytes: " in out
+    assert "path: 'image_00000000.jpg'" in out
+    assert "caption  'a picture of" in out
+
+
+def test_head_columns_split_and_width(hub: HubServer) -> None:
+    args = ["--columns", "id,text", "--split", "test", "--width", "20", "-n", "3"]
+    out = ok(run("head", "hf://datasets/org/split-naming", *args, *endpoint(hub)))
+    keys = {line.split()[0] for line in out.splitlines() if line.startswith("  ")}
+    assert keys == {"id", "text"}
+    assert "  id    100" in out  # the test split's ids follow the train split's 100 rows
+    assert "chars)" in out  # long text is cut
+
+
+def test_head_webdataset_samples(hub: HubServer) -> None:
+    out = ok(run("head", "hf://datasets/org/shards", "-n", "1", *endpoint(hub)))
+    assert "__key__  'sample00000000'" in out
+    assert "jpg      <bytes: " in out
+    assert "cls      <bytes: 1 B>" in out
+
+
+def test_head_errors(hub: HubServer) -> None:
+    one_line_error(
+        run("head", "hf://datasets/org/split-naming", "--split", "validation", *endpoint(hub)),
+        "validation",
+    )
+    one_line_error(
+        run("head", "hf://datasets/org/images", "--columns", "nope", *endpoint(hub)), "nope"
+    )
+    usage_error(run("head", "hf://datasets/org/images", "-n", "0", *endpoint(hub)), "-n")
+
+
+def test_summarize() -> None:
+    assert summarize(b"\x00" * 1234) == "<bytes: 1234 B>"
+    assert summarize({"bytes": b"ab", "path": "x.jpg"}) == "{bytes: <bytes: 2 B>, path: 'x.jpg'}"
+    assert summarize("a" * 30, width=10) == "'aaaaaaaaaa'... (30 chars)"
+    assert summarize(list(range(20))).endswith(", ... (20 items)]")
+    assert summarize(np.zeros((2, 3), np.uint8)) == "<array uint8 (2, 3)>"
+    assert summarize(0.5) == "0.5"
+
+
+# -- bench ------------------------------------------------------------------------------
+
+
+def test_bench_json(hub: HubServer) -> None:
+    args = ["--json", "--no-progress", "--split", "train"]
+    out = ok(run("bench", "hf://datasets/org/split-naming", *args, *endpoint(hub)))
+    result = json.loads(out)
+    assert result["samples"] == 100
+    assert result["files"] == 2
+    assert result["bytes_received"] > 0
+    assert result["mb_per_s"] > 0
+    assert result["time_to_first_sample"] > 0
+    requests = result["requests"]
+    # pin + tree listing, one /resolve/ per file, footer + row groups on the CDN
+    assert requests["api"] == 2
+    assert requests["resolvers"] == 2
+    assert requests["cdn"] >= 2
+    assert requests["total"] == requests["api"] + requests["resolvers"] + requests["cdn"]
+
+
+def test_bench_table_and_progress_bar(hub: HubServer) -> None:
+    result = run("bench", "hf://datasets/org/shards", "--limit", "4", *endpoint(hub))
+    out = ok(result)
+    assert "samples/s" in out
+    assert "MB/s" in out
+    assert "requests: total" in out
+    assert out.splitlines()[2].split() == ["samples", "4"]
+    assert "bench:" in result.stderr
+    assert "samples" in result.stderr
+
+
+def test_bench_arrow_batches(hub: HubServer) -> None:
+    args = ["--arrow", "--batch-size", "40", "--json", "--no-progress"]
+    out = ok(run("bench", "hf://datasets/org/split-naming", *args, *endpoint(hub)))
+    assert json.loads(out)["samples"] == 150
+
+
+def test_bench_errors(hub: HubServer) -> None:
+    one_line_error(run("bench", "hf://datasets/org/nope", *endpoint(hub)), "org/nope")
+    usage_error(run("bench", "hf://datasets/org/images", "--limit", "0", *endpoint(hub)))
+
+
+# -- frames -----------------------------------------------------------------------------
+
+
+def _read_png(path: Path) -> np.ndarray[Any, Any]:
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    with av.open(str(path)) as container:
+        frame = next(container.decode(video=0))
+        return frame.to_ndarray(format="rgb24")
+
+
+def test_frames_writes_a_contact_sheet(hub: HubServer, tmp_path: Path) -> None:
+    out = tmp_path / "sheet.png"
+    url = "hf://datasets/org/robot/videos/episode_000000.mp4"
+    text = ok(run("frames", url, "--at", "0.5,1.0,2.5", "--out", str(out), *endpoint(hub)))
+    assert f"wrote {out}: 3 frames of {W}x{H} h264 at 0.500, 1.000, 2.500 s" in text
+    assert "fetched " in text
+    assert " requests" in text
+    sheet = _read_png(out)
+    pad = 4
+    assert sheet.shape == (H + 2 * pad, 3 * W + 4 * pad, 3)
+    # frame n is grey level 8n: frames 5, 10 and 25, left to right
+    for i, n in enumerate((5, 10, 25)):
+        tile = sheet[pad : pad + H, pad + i * (W + pad) : pad + i * (W + pad) + W]
+        assert abs(float(tile.mean()) - 8 * n) < 6
+
+
+def test_frames_from_a_url_and_a_local_path(hub: HubServer, tmp_path: Path) -> None:
+    url = hub.url("org/robot", "videos/episode_000000.mp4")
+    ok(
+        run(
+            "frames",
+            url,
+            "--at",
+            "0,0.1,0.2,0.3,0.4",
+            "--cols",
+            "2",
+            "--out",
+            str(tmp_path / "a.png"),
+        )
+    )
+    assert _read_png(tmp_path / "a.png").shape == (3 * H + 4 * 4, 2 * W + 3 * 4, 3)
+    local = hub.root / "datasets/org/robot/videos/episode_000000.mp4"
+    ok(run("frames", str(local), "--at", "1.23", "--out", str(tmp_path / "b.png")))
+    assert _read_png(tmp_path / "b.png").shape == (H + 8, W + 8, 3)
+
+
+def test_frames_errors(hub: HubServer, tmp_path: Path) -> None:
+    url = "hf://datasets/org/robot/videos/episode_000000.mp4"
+    out = ["--out", str(tmp_path / "x.png"), *endpoint(hub)]
+    one_line_error(run("frames", url, "--at", "9.0", *out), "9.0", "outside the video")
+    one_line_error(run("frames", url, "--at", "1.05", "--tolerance", "0.001", *out), "1.05")
+    one_line_error(run("frames", "hf://datasets/org/robot/README.md", "--at", "1", *out), "video")
+    one_line_error(run("frames", "hf://datasets/org/robot/nope.mp4", "--at", "1", *out))
+    usage_error(run("frames", url, "--at", "one", *out), "--at")
+    usage_error(run("frames", url, *out), "--at")
+    usage_error(run("frames", "hf://datasets/org/robot", "--at", "1", *out), "one file")
+    assert not (tmp_path / "x.png").exists()
+
+
+# -- hub serve and demo (subprocesses, as users run them) ----------------------------------
+
+
+def test_hub_serve_prints_its_endpoints_and_serves(hub: HubServer) -> None:
+    cmd = [sys.executable, "-m", "aiostream_hf.cli", "hub", "serve", str(hub.root)]
+    proc = subprocess.Popen(
+        [*cmd, "--latency-ms", "1"], stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True
+    )
+    try:
+        assert proc.stdout is not None
+        ready = json.loads(proc.stdout.readline())
+        info = httpx2.get(f"{ready['endpoint']}/api/datasets/org/images")
+        assert info.status_code == 200
+        assert info.json()["id"] == "org/images"
+        assert ready["cdn_endpoint"].startswith("http://127.0.0.1:")
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)
+        assert proc.stdout is not None
+        proc.stdout.close()
+
+
+def test_hub_serve_errors(tmp_path: Path) -> None:
+    usage_error(run("hub", "serve", str(tmp_path), "--private", "org-only"), "ORG/NAME=TOKEN")
+    one_line_error(run("hub", "serve", str(tmp_path / "missing")))
+
+
+def test_demo_quick(tmp_path: Path) -> None:
+    """The demo as the README runs it (quick sizes): a table, notes, a contact sheet."""
+    script = Path(sys.executable).with_name("aiostream-hf")
+    cmd = [str(script)] if script.exists() else [sys.executable, "-m", "aiostream_hf.cli"]
+    proc = subprocess.run(
+        [*cmd, "demo", "--quick", "--out", str(tmp_path), "--json", str(tmp_path / "demo.json")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0].split()[:6] == ["workload", "reader", "samples", "samples/s", "MB/s", "first"]
+    assert lines[0].split()[-4:] == ["api", "resolvers", "cdn", "requests"]
+    expected = [
+        ("text Parquet", "aiostream-hf"),
+        ("text Parquet", "datasets"),
+        ("image Parquet", "aiostream-hf"),
+        ("WebDataset", "aiostream-hf"),
+        ("LeRobot items", "aiostream-hf"),
+        ("sparse frames", "aiostream-hf"),
+    ]
+    table = lines[2 : 2 + len(expected)]
+    for line, (workload, reader) in zip(table, expected, strict=True):
+        assert re.match(rf"{workload} +{reader} ", line), line
+    assert "Traceback" not in proc.stderr
+    report = json.loads((tmp_path / "demo.json").read_text())
+    rows = {(r["workload"], r["reader"]): r for r in report["rows"]}
+    assert rows[("text Parquet", "aiostream-hf")]["samples"] == 2000
+    assert rows[("text Parquet", "datasets")]["samples"] == 2000
+    assert rows[("image Parquet", "aiostream-hf")]["samples"] == 100
+    assert rows[("WebDataset", "aiostream-hf")]["samples"] == 100
+    assert rows[("LeRobot items", "aiostream-hf")]["samples"] == 105  # every frame
+    assert rows[("sparse frames", "aiostream-hf")]["samples"] == 8
+    for row in report["rows"]:
+        assert row["requests"]["api"] >= 1
+        assert row["requests"]["cdn"] >= 1
+    sheet = _read_png(tmp_path / "contact_sheet.png")
+    assert sheet.shape[2] == 3
+    assert sheet.shape[1] > sheet.shape[0]
+
+
+def test_version() -> None:
+    assert "version" in ok(run("--version"))

@@ -1,0 +1,186 @@
+"""Every example runs, against its own local Hub server and against a repo it is given;
+the README keeps its promises (two set-up commands, valid snippets, working links).
+
+Examples run as users run them, ``python examples/NAME.py [SOURCE]``, in a
+subprocess. "Given a repo" is tested offline: the test serves the repo from the
+local Hub server and points ``HF_ENDPOINT`` at it, as a user would at the Hub.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from aiostream_hf.testing import (
+    HubServer,
+    make_repo,
+    make_text_parquet,
+    make_webdataset_shards,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLES = ROOT / "examples"
+
+
+def run_example(name: str, *args: str, env: dict[str, str] | None = None) -> str:
+    proc = subprocess.run(
+        [sys.executable, str(EXAMPLES / name), *args],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+        env={**os.environ, **(env or {})},
+        cwd=ROOT,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stderr, proc.stderr
+    return proc.stdout
+
+
+@pytest.fixture(autouse=True)
+def _cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AIOSTREAM_HF_CACHE", str(tmp_path / "cache"))
+
+
+@pytest.fixture(scope="module")
+def hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HubServer]:
+    """Repos that stand in for "a real Hub repo given as an argument"."""
+    from aiostream_hf.testing._lerobot import make_lerobot_dataset
+
+    root = tmp_path_factory.mktemp("hub")
+    text = make_repo(root, "someone/text", {"README.md": "# text\n"})
+    for i in range(2):
+        make_text_parquet(text / f"data/train-{i:05d}-of-00002.parquet", rows=150, seed=i)
+    shards = make_repo(root, "someone/shards", {"README.md": "# shards\n"})
+    make_webdataset_shards(shards, shards=2, samples_per_shard=30)
+    make_lerobot_dataset(
+        root, "someone/robot", episodes=(20, 25), width=64, height=48, codec="h264"
+    )
+    with HubServer(root) as server:
+        yield server
+
+
+def given(hub: HubServer) -> dict[str, str]:
+    return {"HF_ENDPOINT": hub.endpoint}
+
+
+# -- async service ----------------------------------------------------------------------
+
+
+def test_async_service_local() -> None:
+    out = run_example("async_service.py", "--limit", "300")
+    assert out.startswith("local Hub server at http://localhost:")
+    assert re.search(r"^scored 300 rows in [\d.]+ s", out, re.M)
+    assert "longest event-loop stall:" in out
+    assert re.search(r"^requests: 2 api, \d resolvers, \d+ range reads", out, re.M)
+
+
+def test_async_service_given_a_repo(hub: HubServer) -> None:
+    out = run_example(
+        "async_service.py", "hf://datasets/someone/text", "--limit", "0", env=given(hub)
+    )
+    assert re.search(r"^scored 300 rows in ", out, re.M)  # every row of both files
+
+
+# -- DataLoader training ----------------------------------------------------------------
+
+
+@pytest.mark.torch
+def test_dataloader_training_local() -> None:
+    out = run_example("dataloader_training.py", "--steps", "20")
+    assert "resolved 4 files in this process; workers make no API call" in out
+    assert re.search(r"^trained 20 steps on 640 rows with 2 workers", out, re.M)
+    first, last = map(float, re.findall(r"loss: first ([\d.]+), last ([\d.]+)", out)[0])
+    assert last < first
+    assert "resumed from the checkpoint at step 10: next batch identical: True" in out
+
+
+@pytest.mark.torch
+def test_dataloader_training_given_a_repo(hub: HubServer) -> None:
+    args = ["hf://datasets/someone/text", "--steps", "6", "--batch-size", "16", "--shuffle", "64"]
+    out = run_example("dataloader_training.py", *args, env=given(hub))
+    assert "resolved 2 files in this process" in out
+    assert "next batch identical: True" in out
+
+
+# -- WebDataset -------------------------------------------------------------------------
+
+
+def test_webdataset_training_local() -> None:
+    out = run_example("webdataset_training.py", "--limit", "120")
+    assert "/datasets/org/shards/resolve/main/train-{000000..000003}.tar" in out
+    assert "120 samples (64x48 images) from 4 shards" in out
+    assert re.search(r"^classes seen: \{0: \d+", out, re.M)
+    assert re.search(r"^resumed after 120 samples: next keys \[.*\], as expected: True$", out, re.M)
+
+
+def test_webdataset_training_given_urls(hub: HubServer) -> None:
+    urls = f"{hub.endpoint}/datasets/someone/shards/resolve/main/train-{{000000..000001}}.tar"
+    out = run_example("webdataset_training.py", urls, "--limit", "60", "--shuffle", "0")
+    assert "60 samples (64x48 images) from 2 shards" in out
+    assert "as expected: True" in out
+
+
+# -- LeRobot frames ---------------------------------------------------------------------
+
+
+def test_robot_frames_local() -> None:
+    out = run_example("robot_frames.py", "--items", "12")
+    assert "LeRobot v3.0, 3 episodes, 135 frames at 30 fps" in out
+    assert "12 shuffled items in " in out
+    assert "observation.images.top: uint8 (2, 480, 640, 3) at t[-0.033, 0.0] s" in out
+    assert "observation.images.top_is_pad" in out
+    assert re.search(r"frames_at\(\[.*\]\) -> \(3, 480, 640, 3\)", out)
+
+
+def test_robot_frames_given_a_repo(hub: HubServer) -> None:
+    args = ["hf://datasets/someone/robot", "--items", "5", "--window", "3"]
+    out = run_example("robot_frames.py", *args, env=given(hub))
+    assert "LeRobot v3.0, 2 episodes, 45 frames at 30 fps" in out
+    assert "(3, 48, 64, 3) at t[-0.067, -0.033, 0.0] s" in out
+
+
+# -- README and docs --------------------------------------------------------------------
+
+
+def readme() -> str:
+    return (ROOT / "README.md").read_text()
+
+
+def test_readme_has_exactly_two_setup_commands() -> None:
+    commands = [
+        line.strip() for line in readme().splitlines() if line.startswith("    python3 -m venv ")
+    ]
+    assert len(commands) == 2, commands
+    demo, tests = commands
+    assert demo.endswith(".venv/bin/aiostream-hf demo")
+    assert tests.endswith(".venv/bin/python -m pytest")
+    # .ci/run runs the first indented line under "## Run the tests": the test command.
+    section = readme().split("## Run the tests", 1)[1]
+    first = next(line for line in section.splitlines() if line.startswith("    "))
+    assert first.strip() == tests
+
+
+def test_readme_snippets_are_python() -> None:
+    snippets = re.findall(r"```python\n(.*?)```", readme(), re.S)
+    assert len(snippets) >= 4  # one per user family
+    for snippet in snippets:
+        ast.parse(snippet)
+
+
+@pytest.mark.parametrize(
+    "page", ["README.md", *sorted(p.name for p in (ROOT / "docs").glob("*.md"))]
+)
+def test_links_to_local_files_resolve(page: str) -> None:
+    path = ROOT / page if page == "README.md" else ROOT / "docs" / page
+    for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", path.read_text()):
+        if "://" in target:
+            continue
+        assert (path.parent / target).exists(), f"{page}: broken link {target}"
