@@ -190,7 +190,7 @@ class HubServer:
             "lfs_threshold": self._lfs_threshold,
         }
         self._process = proc = sp.Popen(
-            [sys.executable, "-m", "aiostream_hf.testing._hub_server", json.dumps(config)],
+            [sys.executable, "-m", "aiostream_hf.testing._hub_main", json.dumps(config)],
             stdout=sp.PIPE,
             stdin=sp.DEVNULL,
             text=True,
@@ -326,7 +326,3 @@ def serve_forever(config: Mapping[str, Any], *, ready: Any = None) -> None:
             stop.wait()
         except KeyboardInterrupt:
             pass
-
-
-if __name__ == "__main__":
-    serve_forever(json.loads(sys.argv[1]))
