@@ -134,10 +134,11 @@ class SyncIterator(Generic[T]):
                     async for item in iterator:
                         await send.send(item)
                 finally:
+                    # Not shielded: the iterator may hold task groups whose cancel scopes
+                    # are still open on this task, and must close them innermost first.
                     aclose = getattr(iterator, "aclose", None)
                     if aclose is not None:
-                        with anyio.CancelScope(shield=True):
-                            await aclose()
+                        await aclose()
             except anyio.get_cancelled_exc_class():
                 raise
             except Exception as exc:  # handed to the consumer thread, raised there

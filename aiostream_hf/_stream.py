@@ -32,7 +32,7 @@ from ._exceptions import ClosedResourceError, SourceError
 from ._fetcher import RangeFetcher
 from ._options import StreamOptions
 from ._prefetch import Job, Prefetcher
-from ._readahead import LaneReadahead
+from ._readahead import Emit, Lane, LaneReadahead
 from ._resolver import FileRef, Manifest, Resolver
 from ._sources import parse_sources
 from .formats import (
@@ -421,8 +421,12 @@ class Stream:
             sequential = _sequential(decoders.values())
             if sequential is not None:  # TAR shards: streamed, not planned into units
                 mine = files if by_file else files[self._rank :: self._world_size]
-                async for item in self._streamed(sequential, mine, manifest, fetcher, cursor):
-                    yield item
+                streamed = self._streamed(sequential, mine, manifest, fetcher, cursor)
+                try:
+                    async for item in streamed:
+                        yield item
+                finally:
+                    await streamed.aclose()  # on this task: it holds a task group's scope
                 return
 
             async def plan_jobs() -> AsyncIterator[Job[tuple[int, list[Unit]]]]:
@@ -496,7 +500,7 @@ class Stream:
             key = f"{self._seed}:{self._epoch}:{self._rank}:{self._world_size}:resampled:{pos}"
             return pool[random.Random(key).randrange(len(pool))]
 
-        async def lanes() -> AsyncIterator[Any]:
+        async def lanes() -> AsyncIterator[Lane[tuple[_Tag, Any]]]:
             positions = itertools.count(first) if decoder.resampled else range(first, len(files))
             for pos in positions:
                 start = Position()
@@ -504,7 +508,7 @@ class Stream:
                     if cursor["done"]:
                         continue
                     start = Position(cursor.get("offset"), cursor.get("skip", 0), cursor["row"])
-                yield partial(self._chunks, decoder, file_at(pos), fetcher, request, start, pos)
+                yield partial(self._lane, decoder, file_at(pos), fetcher, request, start, pos)
 
         readahead: LaneReadahead[tuple[_Tag, Any]] = LaneReadahead(
             lanes(),
@@ -518,7 +522,7 @@ class Stream:
                 yield item
         self._end = {"file": len(files), "unit": 0, "row": 0, "done": True, "file_seq": 0}
 
-    async def _chunks(
+    async def _lane(
         self,
         decoder: SequentialDecoder[Any],
         file: FileRef,
@@ -526,14 +530,15 @@ class Stream:
         request: ReadRequest,
         start: Position,
         pos: int,
-    ) -> AsyncIterator[tuple[int, tuple[_Tag, Any]]]:
+        emit: Emit[tuple[_Tag, Any]],
+    ) -> None:
+        """One file, read by its decoder in a task of its own, chunks into the readahead."""
         self._files += 1
-        chunks = decoder.iter_chunks(file, source, request, start)
-        try:
-            async for chunk in chunks:
-                yield chunk.nbytes, (_Tag(pos, 0, 0, chunk.first_row, chunk), chunk.rows)
-        finally:
-            await chunks.aclose()  # type: ignore[attr-defined]
+
+        async def put(chunk: Chunk) -> None:
+            await emit(chunk.nbytes, (_Tag(pos, 0, 0, chunk.first_row, chunk), chunk.rows))
+
+        await decoder.read_chunks(file, source, request, start, put)
 
     async def _plan(
         self, decoder: Decoder[Any], file: FileRef, source: ByteSource, pos: int
@@ -569,9 +574,9 @@ class Stream:
             "file_seq": tag.file_seq,
         }
         if chunk is not None:  # a sequentially read file: where its next sample starts
-            at = chunk.resume_at(rows)
-            self._cursor["offset"] = at.offset
-            self._cursor["skip"] = at.skip
+            at = chunk.positions[rows]  # as chunk.resume_at(rows), without an object per row
+            self._cursor["offset"] = at if chunk.by_offset else None
+            self._cursor["skip"] = 0 if chunk.by_offset else at
 
     def _emit(self, out: Any) -> Any:
         if self._first_sample is None:
@@ -622,11 +627,14 @@ class Stream:
             held, self._held = self._held, 0
             yield self._emit(self._take(self._pending, held))
         if self._buffer:
-            assert self._rng is not None
-            self._rng.shuffle(self._buffer)
-            while self._buffer:
+            rng, buffer = self._rng, self._buffer
+            assert rng is not None
+            while buffer:
+                # One draw per sample, so a state taken mid-drain resumes the same order.
+                j = rng.randrange(len(buffer))
+                buffer[j], buffer[-1] = buffer[-1], buffer[j]
                 self._samples += 1
-                yield self._emit(self._buffer.pop())
+                yield self._emit(buffer.pop())
         if self._end is not None:
             self._cursor = self._end
 

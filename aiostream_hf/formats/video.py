@@ -64,6 +64,8 @@ from ._mp4 import (
 if TYPE_CHECKING:
     from .._options import StreamOptions
 
+_VIDEO_COALESCE_GAP = 64 * 1024
+
 __all__ = ["Frames", "VideoReader", "VideoSource", "VideoStatistics", "open"]
 
 VideoSource: TypeAlias = "str | os.PathLike[str] | FileRef"
@@ -186,8 +188,12 @@ class VideoReader:
             return
         if self._source is None:
             from .._fetcher import RangeFetcher
+            from .._options import StreamOptions
 
-            self._owned = self._source = RangeFetcher(self._options, token=self._token)
+            # Frames of one call lie in a few GOPs: merging gaps of up to 1 MiB (the
+            # stream default) would fetch the video between them.
+            options = self._options or StreamOptions(coalesce_gap=_VIDEO_COALESCE_GAP)
+            self._owned = self._source = RangeFetcher(options, token=self._token)
         try:
             self._index = await _load(self.file, self._source, self._stats)
         except BaseException:
