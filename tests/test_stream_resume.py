@@ -60,7 +60,7 @@ async def _take(s: ash.Stream, k: int | None) -> list[Any]:
 
 
 @pytest.mark.parametrize("mode", list(MODES))
-@pytest.mark.parametrize("k", [1, 7, 30])
+@pytest.mark.parametrize("k", [1, 7, 30, 290])  # 290: inside the final buffer drain
 async def test_resume_continues_with_the_next_sample(
     repo: Path, tmp_path: Path, mode: str, k: int
 ) -> None:
