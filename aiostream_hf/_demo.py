@@ -235,8 +235,13 @@ _README = (
 
 def _build(root: Path, sizes: _Sizes, log: Callable[[str], None]) -> None:
     """Write the demo repos under ``root/datasets/demo/``."""
-    from .testing import make_image_parquet, make_repo, make_text_parquet, make_webdataset_shards
-    from .testing._lerobot import make_lerobot_dataset
+    from .testing import (
+        make_image_parquet,
+        make_lerobot_dataset,
+        make_repo,
+        make_text_parquet,
+        make_webdataset_shards,
+    )
 
     started = time.perf_counter()
     text = make_repo(root, "demo/text", {"README.md": _README.format(name="text")})

@@ -1,11 +1,17 @@
 """LaneReadahead: ordered readahead of sequential sources, each read by its own task.
 
+    async def lane(emit):                  # one file, read front to back
+        async for cost, item in ...:
+            await emit(cost, item)         # waits while the budget is full
+
     async with LaneReadahead(lanes, max_open=3, max_lanes=8, max_bytes=512 << 20) as items:
         async for item in items:   # every item of lane 0, then of lane 1, ...
             ...
 
-A lane is a callable that returns an async iterator of ``(cost, item)``: one
-file read front to back (a TAR shard: one long GET, parsed block by block).
+A lane is an async callable that gives its items, in order, to ``emit``: one
+file read front to back (a TAR shard: one long GET, parsed block by block). It
+runs as a task of its own, so it may run tasks of its own (read the next block
+while the last one is parsed); an async generator could not.
 ``Prefetcher`` runs jobs that each give one result; a lane gives many, and how
 many is known only when it ends, so the next lane must open before the current
 one ends without knowing where it ends: that is this class.
@@ -23,7 +29,8 @@ the lane gave before it.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import AsyncIterable, AsyncIterator, Callable
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable
+from functools import partial
 from types import TracebackType
 from typing import Generic, TypeVar
 
@@ -33,11 +40,12 @@ from anyio.abc import TaskGroup
 from ._exceptions import ClosedResourceError, SourceError
 from ._prefetch import PrefetchStatistics
 
-__all__ = ["Lane", "LaneReadahead"]
+__all__ = ["Emit", "Lane", "LaneReadahead"]
 
 T = TypeVar("T")
 
-Lane = Callable[[], AsyncIterator[tuple[int, T]]]
+Emit = Callable[[int, T], Awaitable[None]]
+Lane = Callable[[Emit[T]], Awaitable[None]]
 
 
 class _LaneState(Generic[T]):
@@ -167,19 +175,14 @@ class LaneReadahead(Generic[T]):
             self._sources_done = True
             self._notify()
 
+    async def _emit(self, state: _LaneState[T], cost: int, item: T) -> None:
+        while not self._may_hold(state, cost):
+            await self._changed.wait()
+        self._hold(state, cost, item)
+
     async def _run(self, lane: Lane[T], state: _LaneState[T]) -> None:
         try:
-            items = lane()
-            try:
-                async for cost, item in items:
-                    while not self._may_hold(state, cost):
-                        await self._changed.wait()
-                    self._hold(state, cost, item)
-            finally:
-                aclose = getattr(items, "aclose", None)
-                if aclose is not None:
-                    with anyio.CancelScope(shield=True):
-                        await aclose()
+            await lane(partial(self._emit, state))
         except anyio.get_cancelled_exc_class():
             raise
         except Exception as exc:  # delivered to the consumer, after the lane's items

@@ -349,36 +349,43 @@ async def _bench(
     started = time.perf_counter()
     bar: Any = None  # made at the first sample: bad input fails before any bar is drawn
     last = 0.0
+
+    def rates(now: float) -> str:
+        stats = s.statistics()
+        elapsed = max(now - started, 1e-9)
+        received = int(stats.fetcher.get("bytes_received", 0))
+        return (
+            f"{elapsed:.1f} s, {samples / elapsed:,.0f} samples/s, "
+            f"{received / 1e6 / elapsed:.1f} MB/s, {_client_requests(stats)['total']} requests"
+        )
+
     try:
         async with s:
             async for item in s:
+                samples += _count(item)
+                now = time.perf_counter()
                 if bar is None:
                     bar = tqdm(
                         total=limit,
-                        unit=" samples",
-                        unit_scale=True,
+                        initial=samples,
+                        postfix=rates(now),
                         file=sys.stderr,
                         disable=not progress,
                         dynamic_ncols=True,
                         desc="bench",
+                        bar_format="{desc}: {n:,} samples{postfix}",
+                        mininterval=0.25,
                     )
-                n = _count(item)
-                samples += n
-                bar.update(n)
-                now = time.perf_counter()
-                if now - last >= 0.25:
                     last = now
-                    stats = s.statistics()
-                    received = int(stats.fetcher.get("bytes_received", 0))
-                    bar.set_postfix_str(
-                        f"{received / 1e6 / (now - started):.1f} MB/s, "
-                        f"{_client_requests(stats)['total']} requests",
-                        refresh=False,
-                    )
+                elif now - last >= 0.25:
+                    last = now
+                    bar.set_postfix_str(rates(now), refresh=False)
+                bar.update(samples - bar.n)
                 if limit is not None and samples >= limit:
                     break
     finally:
         if bar is not None:
+            bar.set_postfix_str(rates(time.perf_counter()), refresh=False)
             bar.close()
     seconds = time.perf_counter() - started
     stats = s.statistics()

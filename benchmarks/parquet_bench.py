@@ -396,9 +396,16 @@ def _run_contender(
     tag: str,
     options: dict[str, Any] | None = None,
     timeout: float = 1800.0,
+    idle: tuple[float, float] | None = None,
 ) -> dict[str, Any]:
-    """One pass of one contender in a fresh process; RSS polled, server stats read."""
+    """One pass of one contender in a fresh process; RSS polled, server stats read.
+
+    ``idle`` = (max busy CPUs, max wait s): first wait until the rest of the
+    machine is that quiet (shared machines), for at most that long.
+    """
     import psutil
+
+    waited, busy_at_start = _wait_for_idle(*idle) if idle else (0.0, float("nan"))
 
     tmp = Path(tempfile.mkdtemp(prefix="aiostream-bench-"))
     try:
@@ -416,6 +423,7 @@ def _run_contender(
         server = _server_process(hub)
         server_cpu = _cpu_seconds(server)
         load_before = os.getloadavg()
+        machine_busy = _machine_busy_seconds()
         log_path = log_dir / f"{tag}-{contender}.log"
         started = time.perf_counter()
         with log_path.open("w") as log:
@@ -444,10 +452,13 @@ def _run_contender(
                         raise RuntimeError(f"{contender} timed out after {timeout:.0f} s")
                     time.sleep(0.05)
             finally:
+                if proc.poll() is None:  # interrupted: do not leave the worker running
+                    proc.kill()
                 proc.wait()
         wall = time.perf_counter() - started
         server_cpu = _cpu_seconds(server) - server_cpu
         load_after = os.getloadavg()
+        machine_busy = _machine_busy_seconds() - machine_busy
         stats = hub.stats().to_json()
         if proc.returncode != 0:
             tail = log_path.read_text()[-3000:]
@@ -463,6 +474,14 @@ def _run_contender(
             process_wall_seconds=wall,
             server_cpu_seconds=server_cpu,
             loadavg_1min=[load_before[0], load_after[0]],
+            idle_wait_seconds=waited,
+            busy_cpus_before=busy_at_start,
+            # CPU time the rest of the machine used meanwhile (not this contender,
+            # not the Hub server): how noisy this run was.
+            other_cpu_seconds=machine_busy
+            - result["cpu_user"]
+            - result["cpu_system"]
+            - (server_cpu if server_cpu == server_cpu else 0.0),
             peak_rss_polled=peak_tree,
             peak_rss=max(peak_tree, result["vm_hwm"] or 0),
             rows_per_s=result["rows"] / result["seconds"],
@@ -476,6 +495,30 @@ def _run_contender(
         return result
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _machine_busy_seconds() -> float:
+    """CPU seconds all CPUs of the machine spent busy since boot (from /proc/stat)."""
+    try:
+        with open("/proc/stat") as f:
+            fields = [int(x) for x in f.readline().split()[1:]]
+    except OSError:
+        return float("nan")
+    # user nice system idle iowait irq softirq steal ...
+    busy = fields[0] + fields[1] + fields[2] + fields[5] + fields[6] + fields[7]
+    return busy / os.sysconf("SC_CLK_TCK")
+
+
+def _wait_for_idle(max_busy_cpus: float, max_wait: float) -> tuple[float, float]:
+    """Wait until the machine's other load is below ``max_busy_cpus`` over 1 s."""
+    started = time.perf_counter()
+    while True:
+        before = _machine_busy_seconds()
+        time.sleep(1.0)
+        busy = _machine_busy_seconds() - before
+        waited = time.perf_counter() - started
+        if busy != busy or busy <= max_busy_cpus or waited >= max_wait:
+            return waited, busy
 
 
 def _server_process(hub: Any) -> Any:
@@ -546,6 +589,7 @@ def _summarize(
             "peak_rss_max": max(col("peak_rss")),
             "cpu_seconds_median": _median([x["cpu_user"] + x["cpu_system"] for x in runs]),
             "server_cpu_seconds_median": _median(col("server_cpu_seconds")),
+            "other_cpu_seconds_median": _median(col("other_cpu_seconds")),
             "import_seconds_median": _median(col("import_seconds")),
             "requests_median": {
                 b: _median([float(x["requests"][b]) for x in runs])
@@ -604,7 +648,8 @@ def _print_workload(workload: str, stamp: dict[str, Any], summary: dict[str, Any
         )
     header = (
         f"{'contender':<19} {'rows/s median':>13} {'(min-max)':>19} {'MB/s':>6} "
-        f"{'1st row':>7} {'peak RSS':>9} {'CPU s':>5} {'srv s':>5} {'api':>3} {'res':>4} "
+        f"{'1st row':>7} {'peak RSS':>9} {'CPU s':>5} {'srv s':>5} {'oth s':>5} {'api':>3} "
+        f"{'res':>4} "
         f"{'cdn':>4} {'429':>3} {'fetched':>7}"
     )
     print(header)
@@ -616,6 +661,7 @@ def _print_workload(workload: str, stamp: dict[str, Any], summary: dict[str, Any
             f"{c:<19} {s['rows_per_s_median']:>13,.0f} {span:>19} {s['mb_per_s_median']:>6.1f} "
             f"{s['time_to_first_row_median']:>6.2f}s {s['peak_rss_median'] / MiB:>5.0f} MiB "
             f"{s['cpu_seconds_median']:>5.1f} {s['server_cpu_seconds_median']:>5.1f} "
+            f"{s['other_cpu_seconds_median']:>5.1f} "
             f"{req['api']:>3.0f} {req['resolvers']:>4.0f} {req['cdn']:>4.0f} "
             f"{s['status_429_total']:>3} {s['read_amplification_median']:>6.3f}x"
         )
@@ -663,6 +709,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workloads", default="text,image", help="comma-separated: text,image")
     p.add_argument("--contenders", default=None, help="comma-separated subset (default: all)")
     p.add_argument("--skip-rss", action="store_true", help="skip the ~3 GB peak-RSS check")
+    p.add_argument(
+        "--idle-cpus",
+        type=float,
+        default=0.3,
+        help="before each run, wait until the rest of the machine uses at most this many "
+        "CPUs (0 to never wait)",
+    )
+    p.add_argument(
+        "--idle-wait", type=float, default=None, help="longest such wait, s (60; 5 with --quick)"
+    )
     p.add_argument("--data-dir", type=Path, default=HERE / ".data")
     p.add_argument("--out", type=Path, default=None, help="results JSON path")
     p.add_argument("--worker", help=argparse.SUPPRESS)
@@ -674,7 +730,17 @@ def main(argv: list[str] | None = None) -> int:
         Path(spec["result_path"]).write_text(json.dumps(result))
         return 0
 
+    import signal
+
     from aiostream_hf.testing import Faults, HubServer
+
+    # SIGTERM (and SIGINT, which background jobs ignore) unwind normally, so the
+    # Hub server subprocess and the current worker are stopped, not orphaned.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
+    if args.idle_wait is None:
+        args.idle_wait = 5.0 if args.quick else 60.0
 
     profile_name = "quick" if args.quick else "full"
     profile = PROFILES[profile_name]
@@ -705,6 +771,8 @@ def main(argv: list[str] | None = None) -> int:
         "image_mode": "bytes only: datasets cast_column('image', Image(decode=False)); "
         "all sides touch len(row['image']['bytes'])",
         "text_touch": "dict-rows sides touch len(row['text']); arrow sides count batch.num_rows",
+        "idle_cpus": args.idle_cpus,
+        "idle_wait": args.idle_wait,
         "rss_prefetch_bytes": RSS_PREFETCH_BYTES,
         "rss_limit": RSS_PREFETCH_BYTES + RSS_ALLOWANCE,
     }
@@ -724,6 +792,7 @@ def main(argv: list[str] | None = None) -> int:
         "rss": None,
     }
     rounds_by_workload: dict[str, list[dict[str, dict[str, Any]]]] = {}
+    idle = (args.idle_cpus, args.idle_wait) if args.idle_cpus > 0 else None
     started = time.perf_counter()
     hub_root = data_dir / "hub"
     with HubServer(hub_root, subprocess=True, faults=Faults(latency_ms=args.latency_ms)) as hub:
@@ -752,7 +821,7 @@ def main(argv: list[str] | None = None) -> int:
                 tag = f"{workload}-warmup{i}" if warm else f"{workload}-round{i - args.warmup}"
                 this: dict[str, dict[str, Any]] = {}
                 for c in names:
-                    r = _run_contender(hub, c, workload, stamp, repo_root, log_dir, tag)
+                    r = _run_contender(hub, c, workload, stamp, repo_root, log_dir, tag, idle=idle)
                     r["order"] = names.index(c)
                     this[c] = r
                     print(
@@ -761,11 +830,17 @@ def main(argv: list[str] | None = None) -> int:
                         f"first {r['time_to_first_row'] or 0:5.2f}s "
                         f"RSS {r['peak_rss'] / MiB:5.0f} MiB "
                         f"req {r['requests']['api']}/{r['requests']['resolvers']}/"
-                        f"{r['requests']['cdn']}",
+                        f"{r['requests']['cdn']} other-CPU {r['other_cpu_seconds']:4.1f}s",
                         flush=True,
                     )
                 (warmups if warm else rounds).append(this)
             rounds_by_workload[workload] = rounds
+            # Same work: every dict-row contender saw the same bytes in every row.
+            touched = {
+                r["touched"] for rnd in warmups + rounds for r in rnd.values() if r["touched"]
+            }
+            if len(touched) > 1:
+                print(f"WARNING: dict-row contenders disagree on {workload} rows: {touched}")
             summary = _summarize(rounds, contenders)
             results["workloads"][workload] = {
                 "repo": stamp["repo"],
@@ -775,6 +850,7 @@ def main(argv: list[str] | None = None) -> int:
                 "params": stamp["params"],
                 "contenders": contenders,
                 "summary": summary,
+                "same_rows_checked": len(touched) == 1,
                 "rounds": rounds,
                 "warmup_rounds": warmups,
             }
@@ -796,6 +872,7 @@ def main(argv: list[str] | None = None) -> int:
                     log_dir,
                     "rss",
                     options={"prefetch_bytes": RSS_PREFETCH_BYTES},
+                    idle=idle,
                 )
                 r.update(limit=limit, within_limit=r["peak_rss"] <= limit)
                 rss_runs.append(r)
@@ -832,7 +909,8 @@ def main(argv: list[str] | None = None) -> int:
         "\n   rows/s over time = after imports to the last row (resolution included); "
         "MB/s = file bytes / time;\n   1st row = time to the first row; peak RSS = the "
         "contender's process tree (psutil polling and VmHWM);\n   CPU s = the contender's "
-        "CPU time, srv s = the Hub server's; api/res/cdn = server requests by bucket;\n   "
+        "CPU time, srv s = the Hub server's, oth s = the rest of the machine's (noise);\n   "
+        "api/res/cdn = server requests by bucket; "
         "fetched = bytes served / bytes of the files (pyarrow-local reads local disk: 0)"
     )
     _print_ratios(results["ratios"])

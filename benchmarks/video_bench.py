@@ -468,8 +468,7 @@ def _files_of(repo_dir: Path) -> list[dict[str, Any]]:
 
 
 def _ensure_video(root: Path, params: dict[str, Any]) -> dict[str, Any]:
-    from aiostream_hf.testing import make_repo
-    from aiostream_hf.testing._lerobot import make_video
+    from aiostream_hf.testing import make_repo, make_video
 
     repo_dir = root / "hub" / "datasets" / VIDEO_REPO
     stamp_path = root / "params" / "video.json"
@@ -511,7 +510,7 @@ def _ensure_video(root: Path, params: dict[str, Any]) -> dict[str, Any]:
 
 
 def _ensure_lerobot(root: Path, params: dict[str, Any]) -> dict[str, Any]:
-    from aiostream_hf.testing._lerobot import make_lerobot_dataset
+    from aiostream_hf.testing import make_lerobot_dataset
 
     repo_dir = root / "hub" / "datasets" / LEROBOT_REPO
     stamp_path = root / "params" / "lerobot.json"
@@ -1002,7 +1001,7 @@ def _print(results: dict[str, Any]) -> None:
     for r in results["ratios"]:
         verdict = "met" if r["met"] else "MISSED"
         print(
-            f"{r['ratio']:<48} {r['median']:>7.2f} ({r['min']:.2f}-{r['max']:.2f})  "
+            f"{r['ratio']:<72} {r['median']:>6.2f} ({r['min']:.2f}-{r['max']:.2f})  "
             f"target {r['target']:<6} {verdict}"
         )
 

@@ -34,12 +34,7 @@ CAMERA = "observation.images.top"
 @contextlib.contextmanager
 def local_hub() -> Iterator[str]:
     """A local Hub server with org/robot, a LeRobot v3.0 dataset; yields its endpoint."""
-    from aiostream_hf.testing import Faults, HubServer
-
-    try:
-        from aiostream_hf.testing import make_lerobot_dataset  # type: ignore[attr-defined]
-    except ImportError:  # not re-exported yet
-        from aiostream_hf.testing._lerobot import make_lerobot_dataset
+    from aiostream_hf.testing import Faults, HubServer, make_lerobot_dataset
 
     with tempfile.TemporaryDirectory() as root:
         make_lerobot_dataset(

@@ -47,7 +47,7 @@ def local_hub() -> Iterator[str]:
             yield f"{hub.endpoint}/datasets/org/shards/resolve/main/train-{{000000..{last}}}.tar"
 
 
-def decode_jpeg(data: bytes) -> np.ndarray[Any, np.dtype[np.uint8]]:
+def decode_jpeg(data: bytes) -> np.ndarray[Any, Any]:
     """JPEG bytes -> H x W x 3 uint8, with FFmpeg's mjpeg decoder."""
     codec = av.CodecContext.create("mjpeg", "r")
     (frame,) = codec.decode(av.Packet(data))

@@ -268,7 +268,8 @@ def _read_png(path: Path) -> np.ndarray[Any, Any]:
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     with av.open(str(path)) as container:
         frame = next(container.decode(video=0))
-        return frame.to_ndarray(format="rgb24")
+        image: np.ndarray[Any, Any] = frame.to_ndarray(format="rgb24")
+        return image
 
 
 def test_frames_writes_a_contact_sheet(hub: HubServer, tmp_path: Path) -> None:

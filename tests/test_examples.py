@@ -20,6 +20,7 @@ import pytest
 
 from aiostream_hf.testing import (
     HubServer,
+    make_lerobot_dataset,
     make_repo,
     make_text_parquet,
     make_webdataset_shards,
@@ -52,8 +53,6 @@ def _cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.fixture(scope="module")
 def hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HubServer]:
     """Repos that stand in for "a real Hub repo given as an argument"."""
-    from aiostream_hf.testing._lerobot import make_lerobot_dataset
-
     root = tmp_path_factory.mktemp("hub")
     text = make_repo(root, "someone/text", {"README.md": "# text\n"})
     for i in range(2):

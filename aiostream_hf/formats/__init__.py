@@ -15,18 +15,18 @@ a ``pyarrow.Table`` in a worker thread. It never opens a socket.
 
 A sequential format (TAR shards) cannot be cut into units before it is read:
 it subclasses ``SequentialDecoder`` and streams each file with one long GET
-(``StreamSource.iter_bytes``), parsing blocks as they arrive and yielding
-``Chunk``s of rows, each row with the ``Position`` a reader resumes from after
-it::
+(``StreamSource.iter_bytes``), parsing blocks as they arrive and handing
+``Chunk``s of rows to ``emit``, each row with the position a reader resumes
+from after it::
 
     class MyStreamFormat(SequentialDecoder[Unit]):
-        async def iter_chunks(self, file, source, request, start): ...  # -> Chunks
+        async def read_chunks(self, file, source, request, start, emit): ...
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, ClassVar, Generic, Protocol, TypeVar
@@ -41,6 +41,7 @@ __all__ = [
     "ByteSource",
     "Chunk",
     "Decoder",
+    "Emit",
     "Position",
     "ReadRequest",
     "SequentialDecoder",
@@ -178,25 +179,38 @@ class Decoder(ABC, Generic[_U]):
         """Turn a unit's bytes into rows. Synchronous and pure: runs in a worker thread."""
 
 
+Emit = Callable[[Chunk], Awaitable[None]]
+"""Where a sequential decoder hands its chunks: waits while the stream's readahead is full."""
+
+
 class SequentialDecoder(Decoder[_U]):
     """A format read front to back, one long GET per file, in blocks as they arrive.
 
-    The stream calls ``iter_chunks`` instead of ``plan``/``fetch``/``decode``;
-    ``readahead`` files are read ahead of the one being consumed, within the
-    stream's byte budget (``StreamOptions.prefetch_bytes``). ``resampled``
-    draws files with replacement, endlessly, deterministic by seed and rank.
+    The stream calls ``read_chunks`` instead of ``plan``/``fetch``/``decode``,
+    each file in a task of its own, ``readahead`` files ahead of the one being
+    consumed, within the stream's byte budget (``StreamOptions.prefetch_bytes``).
+    ``resampled`` draws files with replacement, endlessly, deterministic by seed
+    and rank.
     """
 
     readahead: int = 2
     resampled: bool = False
 
     @abstractmethod
-    def iter_chunks(
-        self, file: FileRef, source: StreamSource, request: ReadRequest, start: Position
-    ) -> AsyncIterator[Chunk]:
-        """The file's rows from ``start`` on, in chunks of bounded size; the last is ``final``.
+    async def read_chunks(
+        self,
+        file: FileRef,
+        source: StreamSource,
+        request: ReadRequest,
+        start: Position,
+        emit: Emit,
+    ) -> None:
+        """Read ``file`` from ``start``, ``await emit(chunk)`` for each chunk in order.
 
+        Chunks are of bounded size; the last one is ``final`` (possibly empty).
         Parsing and decoding run in worker threads; the only I/O is ``source``.
+        This runs as a task of its own: it may start tasks (to read ahead of
+        the parser), which an async generator could not.
         """
 
 

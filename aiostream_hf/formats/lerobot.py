@@ -21,6 +21,8 @@ one entry per camera (video feature) with its frame, ``task`` (the text of
 ``task_index``), and with ``delta_timestamps`` a window ``T x ...`` per key with
 ``{key}_is_pad``. Frames are uint8 ``H x W x 3`` (RGB); ``image_format="float32"``
 gives float32 ``3 x H x W`` in [0, 1] (``uint8 / 255``), as LeRobot's decoders do.
+Features stored as images in the data files (``dtype: image``) are passed through as
+their Parquet values (``{"bytes", "path"}``), not decoded.
 
 The rules are LeRobot's:
 
@@ -134,6 +136,8 @@ _TASKS_V2 = "meta/tasks.jsonl"
 _WHOLE_READ = 4 << 20  # JSON files are read with one suffix request of this many bytes
 _BATCH_ITEMS = 16  # items whose frames are fetched with one request per video file
 _SHUFFLE_BUFFER = 1000
+_LANES = 2  # readers per video file that batches alternate between (see _ReaderPool)
+_SHORT_GOP = 8  # frames per keyframe up to which a decoder restart per batch is cheap
 _REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 _SPLIT_RANGE = re.compile(r"^\s*(\d+)\s*:\s*(\d+)\s*$")
 
@@ -383,7 +387,6 @@ class LeRobotStream:
                 raise SourceError(f"{name}={value!r}: must be an integer >= 1")
         if split is not None and not isinstance(split, str):
             raise SourceError(f"split={split!r}: give a split name or None")
-        self._repo = repo
         self._source = _parse_repo(repo)
         self._deltas = _check_deltas(delta_timestamps)
         self._tolerance = float(tolerance_s)
@@ -558,7 +561,9 @@ class LeRobotStream:
                 split=self._split,
                 image_format=self._image_format,
             )
-            pool = self._pool = _ReaderPool(fetcher, self._max_open)
+            pool = self._pool = _ReaderPool(
+                fetcher, self._max_open, random_access=bool(self._shuffle_buffer)
+            )
             try:
                 ahead: Prefetcher[list[dict[str, Any]]] = Prefetcher(
                     self._jobs(plan, fetcher, pool),
@@ -603,7 +608,7 @@ class LeRobotStream:
         rng = random.Random(f"{self._seed}:{self._epoch}:buffer:{self._rank}")
         buffer: list[_Row] = []
         batch: list[_Row] = []
-        seq = 0
+        seq = jobs = 0
         for group in self._order(plan):
             rows = await _load_episodes(fetcher, plan, group)
             self._data_files += 1
@@ -626,16 +631,16 @@ class LeRobotStream:
                         row, buffer[j] = buffer[j], row
                     batch.append(row)
                     if len(batch) == self._batch_items:
-                        yield plan.job(batch, pool)
-                        batch = []
+                        yield plan.job(batch, pool, jobs)
+                        batch, jobs = [], jobs + 1
         rng.shuffle(buffer)
         for row in buffer:
             batch.append(row)
             if len(batch) == self._batch_items:
-                yield plan.job(batch, pool)
-                batch = []
+                yield plan.job(batch, pool, jobs)
+                batch, jobs = [], jobs + 1
         if batch:
-            yield plan.job(batch, pool)
+            yield plan.job(batch, pool, jobs)
 
 
 # -- where the files are ----------------------------------------------------------------
@@ -1135,13 +1140,14 @@ class _Plan:
             frame_bytes=frame_bytes,
         )
 
-    def job(self, rows: list[_Row], pool: _ReaderPool) -> Job[list[dict[str, Any]]]:
+    def job(self, rows: list[_Row], pool: _ReaderPool, seq: int) -> Job[list[dict[str, Any]]]:
+        """Batch number ``seq``: its items, assembled when the job runs."""
         windows = {k: len(v) for k, v in (self.delta_indices or {}).items()}
         cost = len(rows) * sum(n * windows.get(k, 1) for k, n in self.frame_bytes.items())
         batch = list(rows)
 
         async def run() -> list[dict[str, Any]]:
-            return await _assemble(self, batch, pool)
+            return await _assemble(self, batch, pool, seq)
 
         return Job(max(cost, 1), run)
 
@@ -1255,7 +1261,9 @@ def _to_numpy(column: pa.ChunkedArray | pa.Array) -> Array:
 # -- frames -----------------------------------------------------------------------------
 
 
-async def _assemble(plan: _Plan, rows: list[_Row], pool: _ReaderPool) -> list[dict[str, Any]]:
+async def _assemble(
+    plan: _Plan, rows: list[_Row], pool: _ReaderPool, seq: int
+) -> list[dict[str, Any]]:
     """The items of ``rows``: data windows, then every camera's frames, fetched at once."""
     meta = plan.meta
     deltas = plan.delta_indices or {}
@@ -1292,7 +1300,7 @@ async def _assemble(plan: _Plan, rows: list[_Row], pool: _ReaderPool) -> list[di
     async def fetch(group: tuple[str, str]) -> None:
         entries = requests[group]
         unique = np.unique(np.concatenate([q for _, q in entries]))
-        async with pool.use(files[group]) as reader:
+        async with pool.use(files[group], seq) as reader:
             try:
                 got = await reader.frames_at(unique, tolerance_s=plan.tolerance_s)
             except FrameTimestampError as exc:
@@ -1389,12 +1397,21 @@ _COUNTERS = tuple(
 
 
 class _ReaderPool:
-    """Open VideoReaders by file, shared by concurrent users, at most ``limit`` idle ones kept
-    (least recently used first out). A file is opened once even when asked for at once."""
+    """Open VideoReaders, shared by concurrent users, at most ``limit`` idle ones kept (least
+    recently used first out); a reader is opened once even when asked for at once.
 
-    def __init__(self, source: ByteSource, limit: int) -> None:
+    A reader decodes one call at a time, so a file read by many batches gets up to
+    ``_LANES`` readers ("lanes"), batch ``seq`` using lane ``seq % lanes``: their fetches
+    and decodes overlap. Lanes cost a decoder restart at each batch (a keyframe), so a
+    file has them when its access is random or its keyframes are close (LeRobot's AV1 has
+    one every 2 frames); in order with long GOPs, one reader keeps decoding forward.
+    """
+
+    def __init__(self, source: ByteSource, limit: int, *, random_access: bool) -> None:
         self._source = source
         self._limit = limit
+        self._random = random_access
+        self._lanes: dict[str, int] = {}
         self._entries: OrderedDict[str, _Entry] = OrderedDict()
         self._closed_counts: dict[str, int] = {}
         self._closed = False
@@ -1410,8 +1427,13 @@ class _ReaderPool:
         return counts
 
     @contextlib.asynccontextmanager
-    async def use(self, file: FileRef) -> AsyncIterator[VideoReader]:
-        entry = await self._acquire(file)
+    async def use(self, file: FileRef, seq: int = 0) -> AsyncIterator[VideoReader]:
+        lanes = self._lanes.get(file.url, 1)
+        entry = await self._acquire(f"{seq % lanes}:{file.url}", file)
+        if file.url not in self._lanes:
+            reader = entry.reader
+            gop = reader.frame_count / max(1, reader.keyframe_count)
+            self._lanes[file.url] = _LANES if self._random or gop <= _SHORT_GOP else 1
         try:
             yield entry.reader
         finally:
@@ -1419,28 +1441,28 @@ class _ReaderPool:
             with anyio.CancelScope(shield=True):
                 await self._trim()
 
-    async def _acquire(self, file: FileRef) -> _Entry:
+    async def _acquire(self, key: str, file: FileRef) -> _Entry:
         while True:
             if self._closed:
                 raise ClosedResourceError("the video readers of this stream are closed")
-            entry = self._entries.get(file.url)
+            entry = self._entries.get(key)
             if entry is None:
                 entry = _Entry(VideoReader(file, fetcher=self._source))
                 entry.users = 1
-                self._entries[file.url] = entry
+                self._entries[key] = entry
                 try:
                     await entry.reader.aopen()
                 except BaseException:
                     entry.failed = True
-                    if self._entries.get(file.url) is entry:
-                        del self._entries[file.url]
+                    if self._entries.get(key) is entry:
+                        del self._entries[key]
                     entry.ready.set()
                     raise
                 self.opened += 1
                 entry.ready.set()
                 return entry
             entry.users += 1
-            self._entries.move_to_end(file.url)
+            self._entries.move_to_end(key)
             if not entry.ready.is_set():
                 try:
                     await entry.ready.wait()
@@ -1456,8 +1478,8 @@ class _ReaderPool:
         while len(self._entries) > self._limit:
             idle = next(
                 (
-                    url
-                    for url, e in self._entries.items()
+                    key
+                    for key, e in self._entries.items()
                     if e.users == 0 and e.ready.is_set() and not e.failed
                 ),
                 None,

@@ -1,7 +1,9 @@
-"""WebDataset TAR shards: an incremental TAR reader, webdataset's sample grouping, planning.
+"""WebDataset TAR shards: an incremental TAR reader, webdataset's sample grouping, planning,
+and ``WebDatasetDecoder``, the sequential format that ``stream()`` drives.
 
-Nothing here opens a file or a socket. The async layer reads a shard with one
-long GET and feeds the blocks, of any size, as they arrive::
+Nothing here opens a file or a socket: bytes come from the stream's fetcher.
+``WebDatasetDecoder.iter_chunks`` reads a shard with one long GET and feeds the
+blocks, of any size, as they arrive (in worker threads), in essence::
 
     reader = TarReader(file.url)
     grouper = SampleGrouper(file.url)
@@ -59,7 +61,7 @@ import re
 import struct
 import warnings
 import zlib
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, Literal, TypeVar
 
@@ -72,6 +74,7 @@ from .._resolver import FileRef
 from . import (
     ByteSource,
     Chunk,
+    Emit,
     Position,
     ReadRequest,
     SequentialDecoder,
@@ -872,16 +875,18 @@ class _Shard:
 
     def feed(self, block: bytes) -> Chunk | None:
         samples = []
+        grouper = self.grouper
         for member in self.reader.feed(block):
-            sample = self.grouper.push(member)
+            sample = grouper.push(member)
             if sample is not None:
-                samples.append(sample)
+                samples.append((sample, grouper.last_end))
         return self._chunk(samples, final=False) if samples else None
 
     def finish(self) -> Chunk:
         self.reader.close()
         sample = self.grouper.flush()
-        return self._chunk([sample] if sample is not None else [], final=True)
+        done = [(sample, self.grouper.last_end)] if sample is not None else []
+        return self._chunk(done, final=True)
 
     def abandon(self) -> Chunk:
         """The final, empty chunk after damage: the sample being grouped is dropped."""
@@ -894,13 +899,14 @@ class _Shard:
             self.by_offset,
         )
 
-    def _chunk(self, samples: list[Sample], *, final: bool) -> Chunk:
+    def _chunk(self, samples: list[tuple[Sample, int]], *, final: bool) -> Chunk:
+        """Samples (each with the TAR offset just past it) as the next chunk."""
         request = self.request
         kept: list[Sample] = []
         positions = [self._mark()]
-        for sample in samples:
+        for sample, end in samples:
             self.passed += 1
-            self.mark_offset = self.grouper.last_end  # after this sample (and skipped members)
+            self.mark_offset = end  # after this sample (and the skipped members before it)
             if self.skip:
                 self.skip -= 1
                 positions[0] = self._mark()
@@ -1005,11 +1011,17 @@ class WebDatasetDecoder(SequentialDecoder[Unit]):
             f"readahead={self.readahead}, resampled={self.resampled})"
         )
 
-    # -- streaming --------------------------------------------------------------------------
+    # -- streaming ------------------------------------------------------------------------
 
-    async def iter_chunks(
-        self, file: FileRef, source: StreamSource, request: ReadRequest, start: Position
-    ) -> AsyncIterator[Chunk]:
+    async def read_chunks(
+        self,
+        file: FileRef,
+        source: StreamSource,
+        request: ReadRequest,
+        start: Position,
+        emit: Emit,
+    ) -> None:
+        """One long GET; while a block is parsed (in a worker thread) the next one is read."""
         url = file.url
         if self.sample_decoder is not None and not request.rows:
             raise SourceError(
@@ -1017,15 +1029,42 @@ class WebDatasetDecoder(SequentialDecoder[Unit]):
                 "and batch_size= cannot hold: take dict rows (batch in your DataLoader)"
             )
         shard = _Shard(self, url, start, request)
+        # A rendezvous: the reader holds one block ready while the parser works on the last.
+        send, receive = anyio.create_memory_object_stream[bytes](0)
+        failed: list[Exception] = []
+
+        async def read() -> None:
+            async with send:
+                try:
+                    async with source.iter_bytes(file, start=start.offset or 0) as blocks:
+                        async for block in blocks:
+                            await send.send(block)
+                except anyio.get_cancelled_exc_class():
+                    raise
+                except Exception as exc:  # handed to the parser, after the blocks before it
+                    failed.append(exc)
+
         try:
-            async with source.iter_bytes(file, start=start.offset or 0) as blocks:
-                async for block in blocks:
-                    chunk = await anyio.to_thread.run_sync(shard.feed, block)
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(read)
+                try:
+                    async with receive:
+                        async for block in receive:
+                            chunk = await anyio.to_thread.run_sync(shard.feed, block)
+                            self._report(shard)
+                            if chunk is not None:
+                                await emit(chunk)
+                    if failed:
+                        raise failed[0]
+                    last = await anyio.to_thread.run_sync(shard.finish)
                     self._report(shard)
-                    if chunk is not None:
-                        yield chunk
-            last = await anyio.to_thread.run_sync(shard.finish)
-            self._report(shard)
+                except anyio.get_cancelled_exc_class():
+                    raise
+                except Exception as exc:  # raised below, outside the task group (unwrapped)
+                    failed[:] = [exc]
+                    tg.cancel_scope.cancel()
+            if failed:
+                raise failed[0]
         except (DecodeError, FetchError) as exc:
             if self.on_error == "raise":
                 raise
@@ -1037,7 +1076,7 @@ class WebDatasetDecoder(SequentialDecoder[Unit]):
             )
             self._report(shard)
             last = shard.abandon()
-        yield last
+        await emit(last)
 
     def _report(self, shard: _Shard) -> None:
         problems, shard.problems = shard.problems, []

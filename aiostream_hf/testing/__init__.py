@@ -18,17 +18,29 @@ from ._faults import Faults as Faults
 from ._faults import RateLimits as RateLimits
 from ._hub_app import HubStats as HubStats
 from ._hub_server import HubServer as HubServer
+from ._lerobot import LeRobotEpisode as LeRobotEpisode
+from ._lerobot import LeRobotLayout as LeRobotLayout
+from ._lerobot import LeRobotVideoSpan as LeRobotVideoSpan
+from ._lerobot import lerobot_frame as lerobot_frame
+from ._lerobot import make_lerobot_dataset as make_lerobot_dataset
+from ._lerobot import make_video as make_video
 
 __all__ = [
     "Faults",
     "HubServer",
     "HubStats",
+    "LeRobotEpisode",
+    "LeRobotLayout",
+    "LeRobotVideoSpan",
     "RateLimits",
+    "lerobot_frame",
     "make_image_parquet",
+    "make_lerobot_dataset",
     "make_repo",
     "make_repo_split_folders",
     "make_repo_split_naming",
     "make_repo_yaml_configs",
     "make_text_parquet",
+    "make_video",
     "make_webdataset_shards",
 ]

@@ -28,6 +28,10 @@ from __future__ import annotations
 
 import functools
 import json
+import os
+import pickle
+import subprocess
+import sys
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -49,8 +53,7 @@ from aiostream_hf._exceptions import (
     SplitNotFoundError,
 )
 from aiostream_hf.formats import lerobot
-from aiostream_hf.testing import HubServer
-from aiostream_hf.testing._lerobot import LeRobotLayout, make_lerobot_dataset
+from aiostream_hf.testing import HubServer, LeRobotLayout, make_lerobot_dataset
 
 pytestmark = pytest.mark.anyio
 
@@ -337,18 +340,61 @@ async def test_local_folder(datasets: dict[str, LeRobotLayout], options: StreamO
     assert stats.fetcher["requests"]["range"] == 0
 
 
-def test_sync_iteration(
+SYNC_SCRIPT = """
+import pickle, sys
+from pathlib import Path
+from aiostream_hf import StreamOptions
+from aiostream_hf.formats import lerobot
+
+uri, endpoint, cache, out = sys.argv[1:]
+options = StreamOptions(cache_dir=Path(cache))
+with lerobot.stream(uri, endpoint=endpoint, options=options, episodes=[4]) as s:
+    items = list(s)
+with lerobot.stream(uri, endpoint=endpoint, options=options) as s:
+    for n, _ in enumerate(s):  # leaving the loop early stops the producer
+        if n == 3:
+            break
+Path(out).write_bytes(pickle.dumps(items))
+"""
+
+
+def test_sync_iteration(datasets: dict[str, LeRobotLayout], hub: HubServer, tmp_path: Path) -> None:
+    # In a child process: the bridge thread's worker threads stay out of later tests.
+    layout = datasets["v3-av1"]
+    out = tmp_path / "items.pickle"
+    done = subprocess.run(
+        [sys.executable, "-c", SYNC_SCRIPT, layout.uri, hub.endpoint, str(tmp_path), str(out)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "SVT_LOG": "1"},
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    got = pickle.loads(out.read_bytes())
+    assert_items_equal(got, reference_items(layout, episodes=[4]))
+
+
+async def test_leaving_early_closes_everything(
     datasets: dict[str, LeRobotLayout], hub: HubServer, options: StreamOptions
 ) -> None:
     layout = datasets["v3-av1"]
-    with remote(layout, hub, options, episodes=[4]) as s:
-        got = list(s)
-    assert_items_equal(got, reference_items(layout, episodes=[4]))
-    # leaving the loop early stops the producer
-    with remote(layout, hub, options) as s:
-        for n, _ in enumerate(s):
-            if n == 3:
+    s = remote(layout, hub, options, delta_timestamps=WINDOWS)
+    async with s:
+        async for item in s:
+            if int(item["index"]) == 2:
                 break
+    stats = s.statistics()
+    assert stats.items == 3
+    assert stats.videos_opened >= 1
+    assert stats.fetcher["in_flight"] == 0
+    meta = s.metadata
+    assert meta is not None
+    assert meta.version == "v3.0"
+    assert [e.videos[TOP].from_timestamp for e in meta.episodes] == [
+        e.videos[TOP].from_timestamp for e in layout.episodes
+    ]
+    with pytest.raises(ClosedResourceError):
+        s.__aiter__()
 
 
 # -- what it reads ----------------------------------------------------------------------------
