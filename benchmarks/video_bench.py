@@ -578,7 +578,20 @@ def _environment() -> dict[str, Any]:
         "loadavg_at_start": os.getloadavg(),
         "packages": versions,
         "ffmpeg_libavcodec": list(av.library_versions.get("libavcodec", ())),
+        "aiostream_hf_sources": _library_fingerprint(),
     }
+
+
+def _library_fingerprint() -> dict[str, Any]:
+    """A digest of the aiostream_hf sources measured (the tree changes between commits)."""
+    import aiostream_hf
+
+    root = Path(aiostream_hf.__file__).resolve().parent
+    digest = hashlib.sha256()
+    files = sorted(p for p in root.rglob("*.py") if "__pycache__" not in p.parts)
+    for path in files:
+        digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes())
+    return {"sha256_of_py_sources": digest.hexdigest(), "files": len(files)}
 
 
 def _worker_env(endpoint: str, tmp: Path) -> dict[str, str]:
@@ -937,6 +950,7 @@ def main(argv: list[str] | None = None) -> int:
                 )  # fmt: skip
 
     results["elapsed_seconds"] = time.perf_counter() - started
+    results["environment"]["loadavg_at_end"] = os.getloadavg()
     out_path.parent.mkdir(parents=True, exist_ok=True)
     out_path.write_text(json.dumps(results, indent=1, default=str))
     _print(results)
