@@ -24,6 +24,7 @@ from ._resolver import Manifest as Manifest
 from ._stream import Stream as Stream
 from ._stream import StreamStatistics as StreamStatistics
 from ._stream import stream as stream
+from .formats import lerobot as lerobot
 from .formats import video as video
 
 __all__ = [
@@ -50,6 +51,7 @@ __all__ = [
     "StreamOptions",
     "StreamStatistics",
     "__version__",
+    "lerobot",
     "stream",
     "video",
 ]

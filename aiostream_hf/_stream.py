@@ -298,7 +298,9 @@ class Stream:
 
         Positions are (file, unit, row) in this rank's file order, plus the
         shuffle buffer's samples and RNG state, so a resume re-reads no sample
-        already delivered (only the rest of the unit it stopped in).
+        already delivered (only the rest of the unit it stopped in). A file read
+        front to back (a TAR shard) has (file, row, offset): the byte where its
+        next sample starts (or, compressed, the samples to pass from byte 0).
         """
         return {
             "version": _STATE_VERSION,

@@ -284,8 +284,13 @@ class ShardFile(io.RawIOBase):
 
     def close(self) -> None:
         if not self.closed:
-            self._blocks.close()
             self._block = memoryview(b"")
+            if threading.current_thread().name == "aiostream-hf-bridge":
+                # Collected by the garbage collector on the bridge's own thread: it
+                # cannot wait for itself; cancelling the producer is enough.
+                self._blocks._future.cancel()
+            else:
+                self._blocks.close()
         super().close()
 
 
@@ -326,7 +331,8 @@ def install_gopen(
     resumed on cuts, with Hub redirects cached; write modes keep webdataset's
     handler. ``token``/``endpoint`` are for ``hf://`` URLs (default: the usual
     huggingface_hub token and ``HF_ENDPOINT``). Calling it again replaces the
-    settings; ``uninstall_gopen()`` restores webdataset's handlers.
+    settings; ``uninstall_gopen()`` restores webdataset's handlers. DataLoader
+    workers made by fork inherit it; with spawn, call it in ``worker_init_fn``.
     """
     global _opener
     gopen = _gopen_module()
