@@ -1,5 +1,6 @@
 """aiostream-hf: asyncio-first streaming of datasets from the Hugging Face Hub and HTTP stores."""
 
+from . import webdataset as webdataset
 from .__version__ import __version__ as __version__
 from ._exceptions import AiostreamError as AiostreamError
 from ._exceptions import ClosedResourceError as ClosedResourceError
@@ -54,4 +55,5 @@ __all__ = [
     "lerobot",
     "stream",
     "video",
+    "webdataset",
 ]
