@@ -322,6 +322,7 @@ def test_sync_iteration_and_break(tmp_path: Path) -> None:
     table = make_text_parquet(path, rows=500, row_group_size=50, min_text=5, max_text=10)
     s = ash.stream(os.fspath(path), options=_options(tmp_path))
     assert [r["id"] for r in s] == [r["id"] for r in table.to_pylist()]
+
     def ours() -> int:  # anyio's idle worker threads come and go on their own
         return sum(not t.name.startswith("AnyIO worker") for t in threading.enumerate())
 
