@@ -16,6 +16,7 @@ SCRIPTS = {
     "parquet": "benchmarks/parquet_bench.py",
     "webdataset": "benchmarks/webdataset_bench.py",
     "video": "benchmarks/video_bench.py",
+    "startup": "benchmarks/startup_bench.py",
 }
 
 
