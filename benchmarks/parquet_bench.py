@@ -255,6 +255,8 @@ def _worker(spec: dict[str, Any]) -> dict[str, Any]:
         vm_hwm=_vm_hwm(),
         cpu_user=usage.ru_utime + children.ru_utime,
         cpu_system=usage.ru_stime + children.ru_stime,
+        minor_faults=usage.ru_minflt + children.ru_minflt,
+        major_faults=usage.ru_majflt + children.ru_majflt,
     )
     return out
 
@@ -620,6 +622,9 @@ def _summarize(
             "peak_rss_median": _median(col("peak_rss")),
             "peak_rss_max": max(col("peak_rss")),
             "cpu_seconds_median": _median([x["cpu_user"] + x["cpu_system"] for x in runs]),
+            "cpu_user_median": _median(col("cpu_user")),
+            "cpu_system_median": _median(col("cpu_system")),
+            "minor_faults_median": _median(col("minor_faults")),
             "server_cpu_seconds_median": _median(col("server_cpu_seconds")),
             "other_cpu_seconds_median": _median(col("other_cpu_seconds")),
             "noise_cpus_median": _median(col("noise_cpus")),
@@ -682,7 +687,7 @@ def _print_workload(workload: str, stamp: dict[str, Any], summary: dict[str, Any
         )
     header = (
         f"{'contender':<19} {'rows/s median':>13} {'(min-max)':>19} {'MB/s':>6} "
-        f"{'1st row':>7} {'peak RSS':>9} {'CPU s':>5} {'srv s':>5} {'oth s':>5} {'api':>3} "
+        f"{'1st row':>7} {'peak RSS':>9} {'CPU usr+sys':>11} {'srv s':>5} {'oth s':>5} {'api':>3} "
         f"{'res':>4} "
         f"{'cdn':>4} {'429':>3} {'fetched':>7}"
     )
@@ -694,7 +699,8 @@ def _print_workload(workload: str, stamp: dict[str, Any], summary: dict[str, Any
         print(
             f"{c:<19} {s['rows_per_s_median']:>13,.0f} {span:>19} {s['mb_per_s_median']:>6.1f} "
             f"{s['time_to_first_row_median']:>6.2f}s {s['peak_rss_median'] / MiB:>5.0f} MiB "
-            f"{s['cpu_seconds_median']:>5.1f} {s['server_cpu_seconds_median']:>5.1f} "
+            f"{s['cpu_user_median']:>5.1f} + {s['cpu_system_median']:>3.1f} "
+            f"{s['server_cpu_seconds_median']:>5.1f} "
             f"{s['other_cpu_seconds_median']:>5.1f} "
             f"{req['api']:>3.0f} {req['resolvers']:>4.0f} {req['cdn']:>4.0f} "
             f"{s['status_429_total']:>3} {s['read_amplification_median']:>6.3f}x"
@@ -876,7 +882,9 @@ def main(argv: list[str] | None = None) -> int:
                         f"first {r['time_to_first_row'] or 0:5.2f}s "
                         f"RSS {r['peak_rss'] / MiB:5.0f} MiB "
                         f"req {r['requests']['api']}/{r['requests']['resolvers']}/"
-                        f"{r['requests']['cdn']} other-CPU {r['other_cpu_seconds']:4.1f}s",
+                        f"{r['requests']['cdn']} CPU {r['cpu_user']:.1f}+{r['cpu_system']:.1f}s "
+                        f"faults {r['minor_faults'] / 1e3:.0f}k "
+                        f"other-CPU {r['other_cpu_seconds']:4.1f}s",
                         flush=True,
                     )
                 (warmups if warm else rounds).append(this)
@@ -955,8 +963,9 @@ def main(argv: list[str] | None = None) -> int:
     print(
         "\n   rows/s over time = after imports to the last row (resolution included); "
         "MB/s = file bytes / time;\n   1st row = time to the first row; peak RSS = the "
-        "contender's process tree (psutil polling and VmHWM);\n   CPU s = the contender's "
-        "CPU time, srv s = the Hub server's, oth s = the rest of the machine's (noise);\n   "
+        "contender's process tree (psutil polling and VmHWM);\n   CPU usr+sys = the "
+        "contender's CPU time (user + kernel), srv s = the Hub server's, oth s = the rest of "
+        "the machine's (noise);\n   "
         "api/res/cdn = server requests by bucket; "
         "fetched = bytes served / bytes of the files (pyarrow-local reads local disk: 0)"
     )
