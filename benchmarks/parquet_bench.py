@@ -718,6 +718,27 @@ def _print_ratios(ratios: list[dict[str, Any]]) -> None:
         )
 
 
+def _rss_entries(
+    stamp: dict[str, Any], runs: list[dict[str, Any]], limit: int
+) -> list[dict[str, Any]]:
+    """One entry per RSS run, with its limit and verdict (``met``), as report.py reads them."""
+    workload = f"{stamp['bytes'] / 1e9:.1f} GB text stream"
+    return [
+        {
+            **r,
+            "workload": workload,
+            "repo": stamp["repo"],
+            "files": len(stamp["files"]),
+            "bytes": stamp["bytes"],
+            "params": stamp["params"],
+            "prefetch_bytes": RSS_PREFETCH_BYTES,
+            "limit": limit,
+            "met": r["peak_rss"] <= limit,
+        }
+        for r in runs
+    ]
+
+
 def _print_rss(rss: list[dict[str, Any]], stamp: dict[str, Any]) -> None:
     print()
     print(
@@ -839,7 +860,7 @@ def main(argv: list[str] | None = None) -> int:
         "parameters": params,
         "workloads": {},
         "ratios": [],
-        "rss": None,
+        "rss": [],
     }
     rounds_by_workload: dict[str, list[dict[str, dict[str, Any]]]] = {}
     idle = (args.idle_cpus, args.idle_wait) if args.idle_cpus > 0 else None
@@ -937,16 +958,7 @@ def main(argv: list[str] | None = None) -> int:
                     f"RSS {r['peak_rss'] / MiB:5.0f} MiB (limit {limit / MiB:.0f})",
                     flush=True,
                 )
-            results["rss"] = {
-                "repo": stamp["repo"],
-                "files": len(stamp["files"]),
-                "rows": stamp["rows"],
-                "bytes": stamp["bytes"],
-                "params": stamp["params"],
-                "prefetch_bytes": RSS_PREFETCH_BYTES,
-                "limit": limit,
-                "runs": rss_runs,
-            }
+            results["rss"] = _rss_entries(stamp, rss_runs, limit)
 
     results["ratios"] = _ratios(rounds_by_workload)
     results["duration_seconds"] = time.perf_counter() - started
@@ -971,7 +983,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     _print_ratios(results["ratios"])
     if results["rss"]:
-        _print_rss(results["rss"]["runs"], stamps["rss"])
+        _print_rss(results["rss"], stamps["rss"])
 
     out_path.parent.mkdir(parents=True, exist_ok=True)
     out_path.write_text(json.dumps(results, indent=1, default=str) + "\n")
