@@ -25,6 +25,7 @@ from __future__ import annotations
 import os
 import re
 import struct
+import threading
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -262,6 +263,20 @@ def plan_row_groups(
     return plans
 
 
+_POOL: ThreadPoolExecutor | None = None
+_POOL_LOCK = threading.Lock()
+
+
+def _pool() -> ThreadPoolExecutor:
+    """One long-lived pool for column-group decoding: a new pool per row group gave
+    every row group fresh threads, and so fresh allocator heaps (memory and time)."""
+    global _POOL
+    with _POOL_LOCK:
+        if _POOL is None:
+            _POOL = ThreadPoolExecutor(os.cpu_count() or 2, thread_name_prefix="aiostream-parquet")
+        return _POOL
+
+
 def decode_row_group(
     footer: ParquetFooter,
     plan: RowGroupPlan,
@@ -284,10 +299,9 @@ def decode_row_group(
         if len(groups) == 1:
             table = _read_columns(footer, plan.row_group, groups[0], buffers)
         else:
-            with ThreadPoolExecutor(len(groups), thread_name_prefix="aiostream-parquet") as pool:
-                parts = list(
-                    pool.map(lambda g: _read_columns(footer, plan.row_group, g, buffers), groups)
-                )
+            parts = list(
+                _pool().map(lambda g: _read_columns(footer, plan.row_group, g, buffers), groups)
+            )
             fields = {field.name: (part, field) for part in parts for field in part.schema}
             table = pa.Table.from_arrays(
                 [fields[name][0].column(name) for name in plan.read_columns],
