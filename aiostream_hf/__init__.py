@@ -1,5 +1,7 @@
 """aiostream-hf: asyncio-first streaming of datasets from the Hugging Face Hub and HTTP stores."""
 
+from typing import TYPE_CHECKING, Any
+
 from . import webdataset as webdataset
 from .__version__ import __version__ as __version__
 from ._exceptions import AiostreamError as AiostreamError
@@ -25,8 +27,6 @@ from ._resolver import Manifest as Manifest
 from ._stream import Stream as Stream
 from ._stream import StreamStatistics as StreamStatistics
 from ._stream import stream as stream
-from .formats import lerobot as lerobot
-from .formats import video as video
 
 __all__ = [
     "AiostreamError",
@@ -57,3 +57,20 @@ __all__ = [
     "video",
     "webdataset",
 ]
+
+if TYPE_CHECKING:
+    from .formats import lerobot as lerobot
+    from .formats import video as video
+
+_LAZY = {"lerobot": "aiostream_hf.formats.lerobot", "video": "aiostream_hf.formats.video"}
+
+
+def __getattr__(name: str) -> Any:
+    # video and lerobot load PyAV (~16 MiB, ~50 ms): only when first used.
+    if name in _LAZY:
+        import importlib
+
+        module = importlib.import_module(_LAZY[name])
+        globals()[name] = module
+        return module
+    raise AttributeError(f"module 'aiostream_hf' has no attribute {name!r}")

@@ -703,13 +703,15 @@ class _Transfer:
     # -- reading ---------------------------------------------------------------------------
 
     async def collect(self) -> bytes:
-        buf = bytearray()
+        # The pieces joined once at the end: a growing buffer would reallocate as
+        # it doubles and then be copied out, three times the bytes at the peak.
+        pieces: list[bytes] = []
         try:
             while (chunk := await self.next_chunk()) is not None:
-                buf += chunk
+                pieces.append(chunk)
         finally:
             await self.aclose()
-        return bytes(buf)
+        return pieces[0] if len(pieces) == 1 else b"".join(pieces)
 
     async def next_chunk(self) -> bytes | None:
         """The next block (``chunk_size`` bytes, the last one shorter), None at the end.

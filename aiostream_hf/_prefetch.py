@@ -8,8 +8,10 @@ A job is ``(cost, fn)``: ``cost`` is the bytes the job will hold (known before
 it runs, e.g. the sum of its byte ranges) and ``fn`` an async callable that
 does the work. Jobs start in order while fewer than ``max_count`` results are
 held and their costs fit in ``max_bytes`` (one job always may start, so a job
-larger than the budget still runs, alone). A result is released when the
-consumer takes the next one.
+larger than the budget still runs, alone). A job's ``held`` measures its
+result once done: from then on the result counts for what it really holds
+(a decoded row group, rather than the estimate reserved while it loaded). A
+result is released when the consumer takes the next one.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ T = TypeVar("T")
 class Job(Generic[T]):
     cost: int
     run: Callable[[], Awaitable[T]]
+    held: Callable[[T], int] | None = None
 
 
 @dataclass(frozen=True)
@@ -144,12 +147,20 @@ class Prefetcher(Generic[T]):
     async def _run(self, job: Job[T], slot: _Slot[T]) -> None:
         try:
             slot.value = await job.run()
+            if job.held is not None:
+                self._recost(slot, job.held(slot.value))
         except anyio.get_cancelled_exc_class():
             raise
         except Exception as exc:  # delivered to the consumer, in order
             slot.error = exc
         finally:
             slot.done.set()
+
+    def _recost(self, slot: _Slot[T], cost: int) -> None:
+        self._held_bytes += cost - slot.cost
+        slot.cost = cost
+        self._max_held_bytes = max(self._max_held_bytes, self._held_bytes)
+        self._space.set()
 
     def __aiter__(self) -> AsyncIterator[T]:
         return self._results()

@@ -458,8 +458,11 @@ class Stream:
                                 skip = cursor["row"]
                         tag = _Tag(pos, unit.index, file_seq, skip)
                         decoder = decoders[unit.file.url]
-                        yield Job(unit.cost, partial(self._load, decoder, unit, fetcher, tag))
+                        run = partial(self._load, decoder, unit, fetcher, tag, sizes)
+                        yield Job(sizes.reserve(unit), run, held=_held_bytes)
+                        await sizes.measured.wait()
 
+            sizes = _UnitSizes()
             plan_ahead = Prefetcher(plan_jobs(), max_count=opts.prefetch_count, max_bytes=1 << 62)
             async with plan_ahead:
                 loaded = Prefetcher(
@@ -548,10 +551,15 @@ class Stream:
         return pos, await decoder.plan(file, source, self._request)
 
     async def _load(
-        self, decoder: Decoder[Any], unit: Unit, source: ByteSource, tag: _Tag
+        self, decoder: Decoder[Any], unit: Unit, source: ByteSource, tag: _Tag, sizes: _UnitSizes
     ) -> tuple[_Tag, Any]:
-        fetched = await decoder.fetch(unit, source)
-        return tag, await anyio.to_thread.run_sync(self._decode, decoder, unit, fetched, tag)
+        try:
+            fetched = await decoder.fetch(unit, source)
+            table = await anyio.to_thread.run_sync(self._decode, decoder, unit, fetched, tag)
+            sizes.learn(unit, _held_bytes((tag, table)))
+            return tag, table
+        finally:
+            sizes.measured.set()
 
     def _decode(self, decoder: Decoder[Any], unit: Unit, fetched: Any, tag: _Tag) -> Any:
         table = decoder.decode(unit, fetched, self._request)
@@ -562,9 +570,7 @@ class Stream:
             table = table.take(order)
         if tag.offset:
             table = table.slice(tag.offset)
-        if self._output == "python" and self._batch_size is None:
-            return table.to_pylist()
-        return table
+        return table  # dict rows are made as they are taken: the readahead holds Arrow
 
     def _advance(self, tag: _Tag, rows: int, done: bool) -> None:
         chunk = tag.chunk
@@ -612,7 +618,7 @@ class Stream:
         last = len(payload) - 1
         if last < 0:
             self._advance(tag, 0, True)
-        for i, row in enumerate(payload):
+        for i, row in enumerate(_rows(payload)):
             self._advance(tag, i + 1, i == last)
             if size:
                 if len(buffer) < size:
@@ -662,6 +668,29 @@ class Stream:
         return batch.to_pydict()
 
 
+class _UnitSizes:
+    """What a unit will hold while it loads, learned from the units loaded so far.
+
+    A unit's own estimate is its fetched bytes plus its decoder's guess of its
+    decoded bytes, which can be far off (a dictionary-encoded column decodes to
+    many times its size in the file). The readahead reserves the estimate
+    times the largest ratio of held to estimated bytes seen so far; until the
+    first unit is measured, the others wait, so no guess is taken on trust.
+    """
+
+    def __init__(self) -> None:
+        self.ratio = 1.0
+        self.measured = anyio.Event()
+
+    def reserve(self, unit: Unit) -> int:
+        return int((unit.cost + unit.decoded) * self.ratio)
+
+    def learn(self, unit: Unit, held: int) -> None:
+        estimate = unit.cost + unit.decoded
+        if estimate > 0:
+            self.ratio = max(self.ratio, held / estimate)
+
+
 @dataclass(frozen=True)
 class _Tag:
     """Where a loaded unit sits: its file (position in this rank's order), its unit
@@ -695,6 +724,24 @@ def _as_rng_state(state: Any) -> tuple[Any, ...]:
     """random.Random state, also after a JSON round trip (lists instead of tuples)."""
     version, internal, gauss = state
     return (version, tuple(internal), gauss)
+
+
+_ROWS_PER_CONVERSION = 1024
+
+
+def _rows(payload: pa.Table | list[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+    """The dict rows of a loaded unit; a table is converted a slice at a time, so
+    Python objects exist for the rows being taken, not for the whole readahead."""
+    if isinstance(payload, list):
+        yield from payload
+        return
+    for start in range(0, payload.num_rows, _ROWS_PER_CONVERSION):
+        yield from payload.slice(start, _ROWS_PER_CONVERSION).to_pylist()
+
+
+def _held_bytes(loaded: tuple[_Tag, pa.Table]) -> int:
+    """What a loaded unit holds: its table's buffers."""
+    return int(loaded[1].get_total_buffer_size())
 
 
 def _batches(table: pa.Table) -> list[pa.RecordBatch]:

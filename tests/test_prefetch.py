@@ -130,3 +130,52 @@ async def test_iterating_outside_the_context_is_an_error() -> None:
     with pytest.raises(ClosedResourceError):
         async for _ in p:
             pass
+
+
+async def test_a_done_job_counts_for_what_its_result_holds() -> None:
+    # Reserved at 50 bytes each while loading (bytes, then rows beside them),
+    # each result then holds 30 (its rows only). With a budget of 100: two
+    # load at first; once both are done (60 held), a third needs 110 and waits
+    # until the consumer takes one.
+    started: list[int] = []
+
+    async def jobs() -> AsyncIterator[Job[int]]:
+        for i in range(6):
+
+            async def run(i: int = i) -> int:
+                started.append(i)
+                return i
+
+            yield Job(50, run, held=lambda _: 30)
+
+    async with Prefetcher(jobs(), max_count=8, max_bytes=100) as p:
+        await anyio.wait_all_tasks_blocked()
+        assert started == [0, 1]
+        assert p.statistics().held_bytes == 60  # what the two results hold, not 100
+        async for value in p:
+            await anyio.wait_all_tasks_blocked()
+            assert p.statistics().held_bytes <= 100
+            assert len(started) == min(6, value + 3)
+        stats = p.statistics()
+        assert stats.delivered == 6
+        assert stats.max_held_bytes == 100
+
+
+async def test_a_result_that_holds_less_than_reserved_frees_room_for_the_next() -> None:
+    # Reserved at 60 of a 100-byte budget: only one may start; once done it
+    # holds 1 byte, so the next starts before the consumer takes the first.
+    order: list[str] = []
+
+    async def jobs() -> AsyncIterator[Job[int]]:
+        for i in range(3):
+
+            async def run(i: int = i) -> int:
+                order.append(f"start {i}")
+                return i
+
+            yield Job(60, run, held=lambda _: 1)
+
+    async with Prefetcher(jobs(), max_count=8, max_bytes=100) as p:
+        await anyio.wait_all_tasks_blocked()
+        assert order[:2] == ["start 0", "start 1"]
+        assert [v async for v in p] == [0, 1, 2]

@@ -335,3 +335,31 @@ def test_sync_iteration_and_break(tmp_path: Path) -> None:
     assert ours() == threads
     with pytest.raises(ash.ClosedResourceError):
         iter(s2)
+
+
+@pytest.mark.parametrize("output", ["python", "arrow"])
+async def test_readahead_budget_counts_decoded_rows(tmp_path: Path, output: str) -> None:
+    # Repetitive text compresses ~100x: a budget that counted fetched bytes
+    # only would hold every row group decoded at once. The readahead holds
+    # decoded tables within prefetch_bytes (one unit may overshoot it).
+    path = tmp_path / "squeezed.parquet"
+    n, group = 4_000, 200
+    table = pa.table({"id": range(n), "text": ["abcdefgh" * 512] * n})  # 4 KiB per row
+    pq.write_table(table, path, row_group_size=group, compression="zstd")
+    decoded_group = group * 4096
+    compressed = os.path.getsize(path)
+    assert compressed * 20 < n * 4096
+    budget = 3 * decoded_group
+    s = ash.stream(
+        os.fspath(path),
+        output=output,  # type: ignore[arg-type]
+        options=_options(tmp_path, prefetch_bytes=budget, prefetch_count=64),
+    )
+    got = 0
+    async with s:
+        async for item in s:
+            got += item.num_rows if output == "arrow" else 1
+    stats = s.statistics()
+    assert got == n
+    assert decoded_group <= stats.max_prefetched_bytes <= budget + 2 * decoded_group
+    assert stats.max_prefetched < n // group

@@ -149,12 +149,18 @@ class Chunk:
 
 @dataclass(frozen=True)
 class Unit:
-    """One decode unit of a file: the bytes it costs and its position for resume."""
+    """One decode unit of a file: the bytes it costs and its position for resume.
+
+    ``cost`` is the bytes fetched for it; ``decoded`` an estimate of the bytes
+    its decoded rows will hold (0: unknown). The stream's readahead budget
+    reserves both while the unit loads, then holds what the rows really take.
+    """
 
     file: FileRef
     index: int  # position of the unit within its file (row group number, block number)
-    cost: int  # bytes fetched for it
+    cost: int
     num_rows: int | None = None
+    decoded: int = 0
 
 
 _U = TypeVar("_U", bound=Unit)
