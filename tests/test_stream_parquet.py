@@ -347,7 +347,7 @@ async def test_readahead_budget_counts_decoded_rows(tmp_path: Path, output: str)
     table = pa.table({"id": range(n), "text": ["abcdefgh" * 512] * n})  # 4 KiB per row
     pq.write_table(table, path, row_group_size=group, compression="zstd")
     decoded_group = group * 4096
-    compressed = os.path.getsize(path)
+    compressed = path.stat().st_size
     assert compressed * 20 < n * 4096
     budget = 3 * decoded_group
     s = ash.stream(
