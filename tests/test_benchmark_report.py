@@ -1,0 +1,320 @@
+"""benchmarks/report.py and benchmarks/run_all, on the committed results JSON.
+
+No benchmark runs here: report.py reads benchmarks/results/*.json and writes into a
+temp dir; run_all is run with ``--dry-run`` or with a stand-in interpreter. The charts'
+content is checked through ``chart_data()`` without matplotlib (the test extras do not
+install it); only the drawing itself needs it.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results"
+RUN_ALL = ROOT / "benchmarks" / "run_all"
+NAMES = ["parquet", "webdataset", "video", "startup"]
+
+
+def _load_report() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("bench_report", ROOT / "benchmarks" / "report.py")
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+report = _load_report()
+
+RESULT_FILES = sorted(RESULTS.glob("*.json"))
+
+
+def _results(suffix: str = "") -> dict[str, dict[str, Any]]:
+    out = {}
+    for name in NAMES:
+        path = RESULTS / f"{name}{suffix}.json"
+        if path.exists():
+            out[name] = json.loads(path.read_text())
+    return out
+
+
+def _table_rows(markdown: str, section: str) -> list[list[str]]:
+    """The cells of the table rows under ``## section``."""
+    rows, inside = [], False
+    for line in markdown.splitlines():
+        if line.startswith("## "):
+            inside = line == f"## {section}"
+        elif inside and line.startswith("| ") and not line.startswith(("| ratio ", "|---")):
+            rows.append([cell.strip() for cell in line.strip("|").split("|")])
+    return rows
+
+
+def _ratio_name(r: dict[str, Any]) -> str:
+    return str(r["ratio"]) if "ratio" in r else f"{r['numerator']} / {r['denominator']}"
+
+
+def test_committed_results_exist() -> None:
+    assert set(_results()) == set(NAMES)
+
+
+PROFILES = [quick for quick in (False, True) if _results("-quick" if quick else "")]
+
+
+@pytest.mark.parametrize("quick", PROFILES, ids=["quick" if q else "full" for q in PROFILES])
+def test_markdown_has_every_ratio_with_its_verdict(tmp_path: Path, quick: bool) -> None:
+    results = _results("-quick" if quick else "")
+    docs = tmp_path / "benchmarks.md"
+    img_dir = tmp_path / "img"
+    argv = ["--results-dir", str(RESULTS), "--docs", str(docs), "--img-dir", str(img_dir)]
+    assert report.main([*argv, "--no-charts", *(["--quick"] if quick else [])]) == 0
+    markdown = docs.read_text()
+    assert not img_dir.exists()
+    assert "![" not in markdown  # no charts drawn, none referenced
+    assert "not drawn yet" not in markdown
+
+    for name, data in results.items():
+        env = data["environment"]
+        assert f"Measured {env['date']} on {env['platform']}, {env['cpu_count']} CPUs." in markdown
+        rows = _table_rows(markdown, name)
+        ratio_rows = [row for row in rows if not row[0].startswith("peak RSS")]
+        assert len(ratio_rows) == len(data["ratios"])
+        for row, r in zip(ratio_rows, data["ratios"], strict=True):
+            label, target, median, span, met = row
+            assert _ratio_name(r) in label
+            if r.get("workload"):
+                assert label.startswith(f"{r['workload']}: ")
+            assert median == f"{r['median']:.2f}"
+            assert span == f"{r['min']:.2f}-{r['max']:.2f}"
+            assert met == ("yes" if r["met"] else "NO")
+            value = float(target.split()[-1])
+            assert value == float(str(r["target"]).split()[-1])
+        rss_rows = [row for row in rows if row[0].startswith("peak RSS")]
+        assert len(rss_rows) == len(data.get("rss", []))
+        for row, r in zip(rss_rows, data.get("rss", []), strict=True):
+            assert row[0] == f"peak RSS {r['workload']} {r['contender']}"
+            assert row[-1] == ("yes" if r["met"] else "NO")
+
+
+def _expected_metric(name: str, workload: str) -> tuple[str, bool]:
+    """(summary key, higher is better) each workload's chart must show."""
+    if name == "parquet":
+        return "rows_per_s", True
+    if name == "webdataset":
+        return "samples_per_s", True
+    if name == "video":
+        return ("seconds", False) if workload.startswith("frames") else ("items_per_s", True)
+    assert name == "startup"
+    return ("time_to_first_batch", False) if workload == "first" else ("epoch_seconds", False)
+
+
+def _summary_stat(summary: dict[str, Any], key: str) -> tuple[float, float, float]:
+    if isinstance(summary.get(key), dict):
+        v = summary[key]
+        return v["median"], v["min"], v["max"]
+    return summary[f"{key}_median"], summary[f"{key}_min"], summary[f"{key}_max"]
+
+
+@pytest.mark.parametrize("path", RESULT_FILES, ids=[p.stem for p in RESULT_FILES])
+def test_chart_data_matches_json(path: Path) -> None:
+    data = json.loads(path.read_text())
+    name = data["benchmark"]
+    cd = report.chart_data(name, data)
+    assert cd.benchmark == name
+
+    groups = data.get("workloads") or data["modes"]
+    metric_panels = {p.workload: p for p in cd.panels if not p.metric.endswith("_at_first_batch")}
+    assert set(metric_panels) == set(groups)
+    for workload, w in groups.items():
+        panel = metric_panels[workload]
+        metric, higher = _expected_metric(name, workload)
+        assert (panel.metric, panel.higher_is_better) == (metric, higher)
+        assert {b.contender for b in panel.bars} == set(w["summary"])
+        assert any(b.role == "project" for b in panel.bars)
+        for b in panel.bars:
+            assert (b.median, b.low, b.high) == _summary_stat(w["summary"][b.contender], metric)
+            assert b.role == (
+                "project"
+                if b.contender.startswith("aiostream")
+                else "limit"
+                if b.contender.endswith("-local")
+                else "peer"
+            )
+
+    if name == "startup":
+        request_panels = [p for p in cd.panels if p.metric.endswith("_at_first_batch")]
+        assert [p.metric for p in request_panels] == [
+            "api_at_first_batch",
+            "api_resolver_at_first_batch",
+        ]
+        limit = data["physical_limit"]
+        for panel in request_panels:
+            bars = {b.contender: b for b in panel.bars}
+            assert bars["physical limit"].role == "limit"
+            expected_limit = limit["api_requests"]
+            if panel.metric == "api_resolver_at_first_batch":
+                expected_limit += limit["resolver_requests_before_data"]
+            assert bars["physical limit"].median == expected_limit
+            for contender in ("aiostream", "datasets"):
+                values = [r[contender][panel.metric] for r in data["modes"]["first"]["rounds"]]
+                assert bars[contender].low == min(values)
+                assert bars[contender].high == max(values)
+
+    assert len(cd.ratios) == len(data["ratios"])
+    for point, r in zip(cd.ratios, data["ratios"], strict=True):
+        assert _ratio_name(r) in point.label
+        assert (point.median, point.low, point.high, point.met) == (
+            r["median"],
+            r["min"],
+            r["max"],
+            r["met"],
+        )
+        assert point.target == float(str(r["target"]).split()[-1])
+        if isinstance(r["target"], str):
+            assert r["target"].startswith(point.direction)
+        # The direction read from the JSON agrees with its recorded verdict.
+        ok = (
+            point.median >= point.target
+            if point.direction == ">="
+            else point.median <= point.target
+        )
+        assert ok == point.met
+
+
+def test_ratio_target_directions() -> None:
+    def ratio(target: object, median: float, met: bool, den: str = "peer") -> dict[str, Any]:
+        return {"workload": "w", "numerator": "a", "denominator": den, "target": target,
+                "median": median, "met": met}  # fmt: skip
+
+    assert report.ratio_target(ratio("<= 1.2", 1.6, False)) == ("<=", 1.2)
+    assert report.ratio_target(ratio(">= 5.0", 6.4, True)) == (">=", 5.0)
+    assert report.ratio_target(ratio(0.8, 1.7, True)) == (">=", 0.8)
+    assert report.ratio_target(ratio(2.0, 1.9, False)) == (">=", 2.0)
+    assert report.ratio_target(ratio(1.0, 1.5, False, "physical limit (2)")) == ("<=", 1.0)
+    assert report.ratio_target(ratio(1.0, 0.5, True)) == ("<=", 1.0)
+    assert report.ratio_target(ratio(1.0, 1.0, True, "physical limit (2)")) == ("<=", 1.0)
+    assert report.ratio_target(ratio(1.0, 1.0, True)) == (">=", 1.0)
+    with pytest.raises(ValueError, match="cannot read the target 'fast'"):
+        report.ratio_target(ratio("fast", 1.0, True))
+
+
+def test_draw_charts(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib", reason="the charts need the bench extra (matplotlib)")
+    docs = tmp_path / "docs" / "benchmarks.md"
+    img_dir = tmp_path / "docs" / "img"
+    argv = ["--results-dir", str(RESULTS), "--docs", str(docs), "--img-dir", str(img_dir)]
+    assert report.main(argv) == 0
+    markdown = docs.read_text()
+    for name in NAMES:
+        for png in report.chart_paths(name, img_dir):
+            content = png.read_bytes()
+            assert content.startswith(b"\x89PNG\r\n\x1a\n")
+            assert b"matplotlib" not in content  # no Software/version chunk
+            assert f"]({png.relative_to(docs.parent).as_posix()})" in markdown
+    first = {p: p.read_bytes() for p in img_dir.iterdir()}
+    assert report.main(argv) == 0
+    assert {p: p.read_bytes() for p in img_dir.iterdir()} == first  # same JSON, same bytes
+
+
+# ------------------------------------------------------------------------- run_all
+
+
+def _run_all(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, str(RUN_ALL), *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def test_run_all_is_executable() -> None:
+    assert RUN_ALL.stat().st_mode & stat.S_IXUSR
+    assert RUN_ALL.read_text().startswith("#!/usr/bin/env python3\n")
+
+
+def test_run_all_dry_run_lists_every_benchmark_then_the_report() -> None:
+    proc = _run_all("--dry-run", "--python", "PY")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == [
+        "parquet: PY benchmarks/parquet_bench.py",
+        "webdataset: PY benchmarks/webdataset_bench.py",
+        "video: PY benchmarks/video_bench.py",
+        "startup: PY benchmarks/startup_bench.py",
+        "report: PY benchmarks/report.py",
+    ]
+
+
+def test_run_all_only_and_quick() -> None:
+    proc = _run_all("--dry-run", "--python", "PY", "--quick", "--only", "video,parquet")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == [
+        "parquet: PY benchmarks/parquet_bench.py --quick",
+        "video: PY benchmarks/video_bench.py --quick",
+        "report: PY benchmarks/report.py --quick",
+    ]
+    proc = _run_all("--dry-run", "--python", "PY", "--only", "startup", "--no-report")
+    assert proc.stdout.splitlines() == ["startup: PY benchmarks/startup_bench.py"]
+
+
+def test_run_all_rejects_an_unknown_name() -> None:
+    proc = _run_all("--dry-run", "--only", "parquet,parqet")
+    assert proc.returncode != 0
+    assert "unknown benchmark 'parqet'" in proc.stderr
+    assert "parquet,webdataset,video,startup" in proc.stderr
+    assert proc.stdout == ""
+
+
+def _fake_python(tmp_path: Path, fail_on: str) -> tuple[Path, Path]:
+    """An interpreter stand-in that logs its arguments and fails on one script."""
+    log = tmp_path / "calls.log"
+    fake = tmp_path / "python"
+    script = [
+        "#!/bin/sh",
+        f'echo "$*" >> "{log}"',
+        f'case "$1" in *{fail_on}*) exit 3;; esac',
+        "exit 0",
+    ]
+    fake.write_text("\n".join(script) + "\n")
+    fake.chmod(0o755)
+    return fake, log
+
+
+def test_run_all_runs_in_order_and_times_each(tmp_path: Path) -> None:
+    fake, log = _fake_python(tmp_path, fail_on="nothing")
+    proc = _run_all("--python", str(fake), "--only", "startup,parquet")
+    assert proc.returncode == 0, proc.stderr
+    assert log.read_text().splitlines() == [
+        "-c import matplotlib",  # checked before the first benchmark, not after the last
+        "benchmarks/parquet_bench.py",
+        "benchmarks/startup_bench.py",
+        "benchmarks/report.py",
+    ]
+    for step in ("parquet", "startup", "report"):
+        assert f"== {step}: done in " in proc.stdout
+    assert "total" in proc.stdout
+
+
+def test_run_all_stops_at_the_first_failure(tmp_path: Path) -> None:
+    fake, log = _fake_python(tmp_path, fail_on="webdataset")
+    proc = _run_all("--python", str(fake), "--quick")
+    assert proc.returncode == 3
+    assert log.read_text().splitlines() == [
+        "-c import matplotlib",
+        "benchmarks/parquet_bench.py --quick",
+        "benchmarks/webdataset_bench.py --quick",
+    ]
+    assert "== webdataset: FAILED (exit status 3)" in proc.stdout
+    assert "video" not in proc.stdout
