@@ -696,7 +696,8 @@ class _Transfer:
         self.exact = True  # a 206 body ends exactly at ``end``; a 200 body goes on
         self.response: httpx2.Response | None = None
         self.chunks: AsyncGenerator[bytes, None] | None = None
-        self.buffer = bytearray()  # the block being filled (iter_bytes)
+        self.pieces: list[bytes] = []  # the block being filled (iter_bytes), as received
+        self.filled = 0  # bytes in ``pieces``
         self.slot_host: str | None = None
         self.opened_at: int | None = None
 
@@ -724,19 +725,32 @@ class _Transfer:
         try:
             if self.chunk_size is None:
                 return await self._next_piece()
-            while len(self.buffer) < self.chunk_size:
+            while self.filled < self.chunk_size:
                 piece = await self._next_piece()
                 if piece is None:
                     break
-                self.buffer += piece
-            if not self.buffer:
+                self.pieces.append(piece)
+                self.filled += len(piece)
+            if not self.filled:
                 return None
-            block = bytes(self.buffer[: self.chunk_size])
-            del self.buffer[: self.chunk_size]
-            return block
+            return self._take_block()
         except BaseException:
             await self.aclose()
             raise
+
+    def _take_block(self) -> bytes:
+        """The first ``chunk_size`` bytes of the pieces (all, if fewer), in one copy."""
+        assert self.chunk_size is not None
+        pieces, self.pieces = self.pieces, []
+        if self.filled <= self.chunk_size:
+            self.filled = 0
+            return pieces[0] if len(pieces) == 1 else b"".join(pieces)
+        over = self.filled - self.chunk_size  # the last piece runs past the block
+        last = pieces[-1]
+        cut = len(last) - over
+        pieces[-1] = last[:cut]
+        self.pieces, self.filled = [last[cut:]], over
+        return b"".join(pieces)
 
     async def _next_piece(self) -> bytes | None:
         while True:
