@@ -35,16 +35,15 @@ import argparse
 import contextlib
 import json
 import os
-import platform
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
+
+import _harness  # benchmarks/_harness.py: this script's folder is on sys.path
 
 _MODULE_START = time.perf_counter()
 HERE = Path(__file__).resolve().parent
@@ -104,17 +103,6 @@ def _touch_text(row: dict[str, Any]) -> int:
 
 def _touch_image(row: dict[str, Any]) -> int:
     return len(row["image"]["bytes"])
-
-
-def _vm_hwm() -> int | None:
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
 
 
 def _worker(spec: dict[str, Any]) -> dict[str, Any]:
@@ -252,7 +240,7 @@ def _worker(spec: dict[str, Any]) -> dict[str, Any]:
         time_to_first_row=first,
         # VmHWM: this process's own high-water mark. Not ru_maxrss, which Linux
         # carries over exec from the parent's memory (vfork/posix_spawn).
-        vm_hwm=_vm_hwm(),
+        vm_hwm=_harness.vm_hwm(),
         cpu_user=usage.ru_utime + children.ru_utime,
         cpu_system=usage.ru_stime + children.ru_stime,
         minor_faults=usage.ru_minflt + children.ru_minflt,
@@ -329,63 +317,22 @@ def _ensure_repo(root: Path, kind: str, params: dict[str, Any]) -> dict[str, Any
 # =============================================================================
 
 
+PACKAGES = (
+    "aiostream-hf",
+    "pyarrow",
+    "datasets",
+    "huggingface_hub",
+    "fsspec",
+    "httpx2",
+    "anyio",
+    "numpy",
+    "uvicorn",
+    "psutil",
+)
+
+
 def _environment() -> dict[str, Any]:
-    from importlib import metadata
-
-    import psutil
-
-    versions = {}
-    for name in (
-        "aiostream-hf",
-        "pyarrow",
-        "datasets",
-        "huggingface_hub",
-        "fsspec",
-        "httpx2",
-        "anyio",
-        "numpy",
-        "uvicorn",
-        "psutil",
-    ):
-        try:
-            versions[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            versions[name] = None
-    try:
-        affinity = len(os.sched_getaffinity(0))
-    except AttributeError:
-        affinity = None
-    return {
-        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "python": sys.version.split()[0],
-        "implementation": platform.python_implementation(),
-        "platform": platform.platform(),
-        "machine": platform.machine(),
-        "cpu_count": os.cpu_count(),
-        "cpu_affinity": affinity,
-        "memory_total": psutil.virtual_memory().total,
-        "loadavg_at_start": os.getloadavg(),
-        "packages": versions,
-        "aiostream_hf_sources": _library_fingerprint(),
-    }
-
-
-def _worker_env(endpoint: str, tmp: Path) -> dict[str, str]:
-    env = dict(os.environ)
-    for key in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN"):
-        env.pop(key, None)
-    env.update(
-        HF_ENDPOINT=endpoint,
-        HF_HOME=str(tmp / "hf-home"),
-        HF_DATASETS_CACHE=str(tmp / "hf-datasets"),
-        HF_HUB_DISABLE_TELEMETRY="1",
-        HF_HUB_DISABLE_PROGRESS_BARS="1",
-        HF_HUB_DISABLE_XET="1",
-        AIOSTREAM_HF_CACHE=str(tmp / "aiostream-cache"),
-        XDG_CACHE_HOME=str(tmp / "xdg-cache"),
-        PYTHONUNBUFFERED="1",
-    )
-    return env
+    return _harness.environment(PACKAGES)
 
 
 def _run_contender(
@@ -407,7 +354,7 @@ def _run_contender(
     """
     import psutil
 
-    waited, busy_at_start = _wait_for_idle(*idle) if idle else (0.0, float("nan"))
+    waited, busy_at_start = _harness.wait_for_idle(*idle) if idle else (0.0, float("nan"))
 
     tmp = Path(tempfile.mkdtemp(prefix="aiostream-bench-"))
     try:
@@ -422,16 +369,16 @@ def _run_contender(
             "result_path": str(tmp / "result.json"),
         }
         hub.reset_stats()
-        server = _server_process(hub)
-        server_cpu = _cpu_seconds(server)
+        server = _harness.server_process(hub)
+        server_cpu = _harness.cpu_seconds(server)
         load_before = os.getloadavg()
-        machine_busy = _machine_busy_seconds()
+        machine_busy = _harness.machine_busy_seconds()
         log_path = log_dir / f"{tag}-{contender}.log"
         started = time.perf_counter()
         with log_path.open("w") as log:
             proc = subprocess.Popen(
                 [sys.executable, str(Path(__file__).resolve()), "--worker", json.dumps(spec)],
-                env=_worker_env(hub.endpoint, tmp),
+                env=_harness.worker_env(hub.endpoint, tmp),
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
@@ -458,9 +405,9 @@ def _run_contender(
                     proc.kill()
                 proc.wait()
         wall = time.perf_counter() - started
-        server_cpu = _cpu_seconds(server) - server_cpu
+        server_cpu = _harness.cpu_seconds(server) - server_cpu
         load_after = os.getloadavg()
-        machine_busy = _machine_busy_seconds() - machine_busy
+        machine_busy = _harness.machine_busy_seconds() - machine_busy
         stats = hub.stats().to_json()
         if proc.returncode != 0:
             tail = log_path.read_text()[-3000:]
@@ -499,68 +446,6 @@ def _run_contender(
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _machine_busy_seconds() -> float:
-    """CPU seconds all CPUs of the machine spent busy since boot (from /proc/stat)."""
-    try:
-        with open("/proc/stat") as f:
-            fields = [int(x) for x in f.readline().split()[1:]]
-    except OSError:
-        return float("nan")
-    # user nice system idle iowait irq softirq steal ...
-    busy = fields[0] + fields[1] + fields[2] + fields[5] + fields[6] + fields[7]
-    return busy / os.sysconf("SC_CLK_TCK")
-
-
-def _wait_for_idle(max_busy_cpus: float, max_wait: float) -> tuple[float, float]:
-    """Wait until the machine's other load is below ``max_busy_cpus`` over 1 s."""
-    started = time.perf_counter()
-    while True:
-        before = _machine_busy_seconds()
-        time.sleep(1.0)
-        busy = _machine_busy_seconds() - before
-        waited = time.perf_counter() - started
-        if busy != busy or busy <= max_busy_cpus or waited >= max_wait:
-            return waited, busy
-
-
-def _server_process(hub: Any) -> Any:
-    """The Hub server's process (its CPU time shows whether it is the bottleneck)."""
-    import psutil
-
-    proc = getattr(hub, "_process", None)
-    try:
-        return psutil.Process(proc.pid) if proc is not None else None
-    except psutil.NoSuchProcess:
-        return None
-
-
-def _cpu_seconds(proc: Any) -> float:
-    if proc is None:
-        return float("nan")
-    times = proc.cpu_times()
-    return float(times.user + times.system)
-
-
-def _library_fingerprint() -> dict[str, Any]:
-    """A digest of the aiostream_hf sources measured (the tree changes between commits)."""
-    import hashlib
-
-    import aiostream_hf
-
-    root = Path(aiostream_hf.__file__).resolve().parent
-    digest = hashlib.sha256()
-    files = sorted(p for p in root.rglob("*.py") if "__pycache__" not in p.parts)
-    for path in files:
-        digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes())
-    newest = max(path.stat().st_mtime for path in files)
-    return {
-        "path": str(root),
-        "sha256_of_py_sources": digest.hexdigest(),
-        "files": len(files),
-        "newest_mtime": datetime.fromtimestamp(newest, timezone.utc).isoformat(timespec="seconds"),
-    }
-
-
 def _noise(r: dict[str, Any]) -> float:
     """CPUs the rest of the machine kept busy, on average, during a run."""
     return float(r["other_cpu_seconds"]) / max(float(r["process_wall_seconds"]), 1e-9)
@@ -593,10 +478,6 @@ def _run_quiet(args: argparse.Namespace, *pos: Any, **kw: Any) -> dict[str, Any]
     return r
 
 
-def _median(xs: list[float]) -> float:
-    return float(statistics.median(xs)) if xs else float("nan")
-
-
 def _summarize(
     rounds: list[dict[str, dict[str, Any]]], contenders: list[str]
 ) -> dict[str, dict[str, Any]]:
@@ -613,33 +494,33 @@ def _summarize(
         out[c] = {
             "runs": len(runs),
             "rows": runs[0]["rows"],
-            "rows_per_s_median": _median(rps),
+            "rows_per_s_median": _harness.median(rps),
             "rows_per_s_min": min(rps),
             "rows_per_s_max": max(rps),
-            "mb_per_s_median": _median(col("mb_per_s")),
-            "seconds_median": _median(col("seconds")),
-            "time_to_first_row_median": _median(col("time_to_first_row")),
-            "peak_rss_median": _median(col("peak_rss")),
+            "mb_per_s_median": _harness.median(col("mb_per_s")),
+            "seconds_median": _harness.median(col("seconds")),
+            "time_to_first_row_median": _harness.median(col("time_to_first_row")),
+            "peak_rss_median": _harness.median(col("peak_rss")),
             "peak_rss_max": max(col("peak_rss")),
-            "cpu_seconds_median": _median([x["cpu_user"] + x["cpu_system"] for x in runs]),
-            "cpu_user_median": _median(col("cpu_user")),
-            "cpu_system_median": _median(col("cpu_system")),
-            "minor_faults_median": _median(col("minor_faults")),
-            "server_cpu_seconds_median": _median(col("server_cpu_seconds")),
-            "other_cpu_seconds_median": _median(col("other_cpu_seconds")),
-            "noise_cpus_median": _median(col("noise_cpus")),
+            "cpu_seconds_median": _harness.median([x["cpu_user"] + x["cpu_system"] for x in runs]),
+            "cpu_user_median": _harness.median(col("cpu_user")),
+            "cpu_system_median": _harness.median(col("cpu_system")),
+            "minor_faults_median": _harness.median(col("minor_faults")),
+            "server_cpu_seconds_median": _harness.median(col("server_cpu_seconds")),
+            "other_cpu_seconds_median": _harness.median(col("other_cpu_seconds")),
+            "noise_cpus_median": _harness.median(col("noise_cpus")),
             "discarded_attempts": sum(len(x.get("discarded_attempts", [])) for x in runs),
-            "import_seconds_median": _median(col("import_seconds")),
+            "import_seconds_median": _harness.median(col("import_seconds")),
             "requests_median": {
-                b: _median([float(x["requests"][b]) for x in runs])
+                b: _harness.median([float(x["requests"][b]) for x in runs])
                 for b in ("api", "resolvers", "pages", "cdn")
             },
             "status_429_total": sum(x["status_429"] for x in runs),
             "retries_total": sum(
                 x.get("aiostream_statistics", {}).get("fetcher", {}).get("retries", 0) for x in runs
             ),
-            "bytes_served_median": _median(col("bytes_served")),
-            "read_amplification_median": _median(col("read_amplification")),
+            "bytes_served_median": _harness.median(col("bytes_served")),
+            "read_amplification_median": _harness.median(col("read_amplification")),
         }
     return out
 
@@ -653,7 +534,7 @@ def _ratios(rounds_by_workload: dict[str, list[dict[str, dict[str, Any]]]]) -> l
         ]
         if not per_round:
             continue
-        med = _median(per_round)
+        med = _harness.median(per_round)
         out.append(
             {
                 "workload": workload,
@@ -754,11 +635,6 @@ def _print_rss(rss: list[dict[str, Any]], stamp: dict[str, Any]) -> None:
             f"max prefetched {_fmt_bytes(r['aiostream_statistics']['max_prefetched_bytes'])} "
             f"in {r['aiostream_statistics']['max_prefetched']} units"
         )
-
-
-def _rotations(contenders: list[str], rounds: int) -> list[list[str]]:
-    n = len(contenders)
-    return [contenders[r % n :] + contenders[: r % n] for r in range(rounds)]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -886,7 +762,7 @@ def main(argv: list[str] | None = None) -> int:
                 contenders = [c for c in contenders if c in only]
             warmups: list[dict[str, dict[str, Any]]] = []
             rounds: list[dict[str, dict[str, Any]]] = []
-            order = [contenders] * args.warmup + _rotations(contenders, n_rounds)
+            order = [contenders] * args.warmup + _harness.rotations(contenders, n_rounds)
             for i, names in enumerate(order):
                 warm = i < args.warmup
                 tag = f"{workload}-warmup{i}" if warm else f"{workload}-round{i - args.warmup}"

@@ -39,8 +39,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import select
 import shutil
 import statistics
@@ -48,9 +46,10 @@ import subprocess
 import sys
 import tempfile
 import time
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
+
+import _harness  # benchmarks/_harness.py: this script's folder is on sys.path
 
 _MODULE_START = time.perf_counter()
 HERE = Path(__file__).resolve().parent
@@ -171,53 +170,20 @@ def _ensure_repo(data_dir: Path, params: dict[str, Any], name: str) -> Path:
 # =============================================================================
 
 
+PACKAGES = (
+    "aiostream-hf",
+    "datasets",
+    "huggingface-hub",
+    "torch",
+    "fsspec",
+    "pyarrow",
+    "httpx2",
+    "uvicorn",
+)
+
+
 def _environment() -> dict[str, Any]:
-    from importlib import metadata
-
-    import psutil
-
-    versions = {}
-    for name in (
-        "aiostream-hf",
-        "datasets",
-        "huggingface-hub",
-        "torch",
-        "fsspec",
-        "pyarrow",
-        "httpx2",
-        "uvicorn",
-    ):
-        try:
-            versions[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            versions[name] = None
-    return {
-        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "python": sys.version.split()[0],
-        "platform": platform.platform(),
-        "cpu_count": os.cpu_count(),
-        "memory_total": psutil.virtual_memory().total,
-        "loadavg_at_start": os.getloadavg(),
-        "packages": versions,
-    }
-
-
-def _worker_env(endpoint: str, tmp: Path) -> dict[str, str]:
-    env = dict(os.environ)
-    for key in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN"):
-        env.pop(key, None)
-    env.update(
-        HF_ENDPOINT=endpoint,
-        HF_HOME=str(tmp / "hf-home"),
-        HF_DATASETS_CACHE=str(tmp / "hf-datasets"),
-        HF_HUB_DISABLE_TELEMETRY="1",
-        HF_HUB_DISABLE_PROGRESS_BARS="1",
-        HF_HUB_DISABLE_XET="1",
-        AIOSTREAM_HF_CACHE=str(tmp / "aiostream-cache"),
-        XDG_CACHE_HOME=str(tmp / "xdg-cache"),
-        PYTHONUNBUFFERED="1",
-    )
-    return env
+    return _harness.environment(PACKAGES)
 
 
 def _buckets(stats: Any) -> dict[str, int]:
@@ -245,7 +211,7 @@ def _run_contender(
         with log_path.open("w") as log:
             proc = subprocess.Popen(
                 [sys.executable, str(Path(__file__).resolve()), "--worker", json.dumps(spec)],
-                env=_worker_env(hub.endpoint, tmp),
+                env=_harness.worker_env(hub.endpoint, tmp),
                 stdout=subprocess.PIPE,
                 stderr=log,
                 stdin=subprocess.PIPE,

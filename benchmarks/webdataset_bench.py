@@ -39,16 +39,16 @@ import argparse
 import contextlib
 import json
 import os
-import platform
 import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
+
+import _harness  # benchmarks/_harness.py: this script's folder is on sys.path
 
 _MODULE_START = time.perf_counter()
 HERE = Path(__file__).resolve().parent
@@ -84,17 +84,6 @@ RATIOS = [  # (workload, numerator, denominator, target)
 # =============================================================================
 # Worker: one contender, in its own process.
 # =============================================================================
-
-
-def _vm_hwm() -> int | None:
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
 
 
 def _worker(spec: dict[str, Any]) -> dict[str, Any]:
@@ -172,7 +161,7 @@ def _worker(spec: dict[str, Any]) -> dict[str, Any]:
         import_seconds=t0 - _MODULE_START,
         seconds=elapsed,
         time_to_first_sample=first,
-        vm_hwm=_vm_hwm(),
+        vm_hwm=_harness.vm_hwm(),
         cpu_user=usage.ru_utime + children.ru_utime,
         cpu_system=usage.ru_stime + children.ru_stime,
     )
@@ -239,17 +228,10 @@ def _ensure_shards(data_dir: Path, params: dict[str, Any]) -> dict[str, Any]:
 # =============================================================================
 
 
+PACKAGES = ("aiostream-hf", "webdataset", "httpx2", "anyio", "pyarrow", "uvicorn")
+
+
 def _environment() -> dict[str, Any]:
-    from importlib import metadata
-
-    import psutil
-
-    versions = {}
-    for name in ("aiostream-hf", "webdataset", "httpx2", "anyio", "pyarrow", "uvicorn"):
-        try:
-            versions[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            versions[name] = None
     curl = shutil.which("curl")
     curl_version = None
     if curl:
@@ -257,53 +239,7 @@ def _environment() -> dict[str, Any]:
             curl_version = subprocess.run(
                 [curl, "--version"], capture_output=True, text=True, check=False
             ).stdout.split("\n")[0]
-    return {
-        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "python": sys.version.split()[0],
-        "platform": platform.platform(),
-        "cpu_count": os.cpu_count(),
-        "memory_total": psutil.virtual_memory().total,
-        "loadavg_at_start": os.getloadavg(),
-        "packages": versions,
-        "curl": curl_version,
-    }
-
-
-def _server_process(hub: Any) -> Any:
-    import psutil
-
-    proc = getattr(hub, "_process", None)
-    return psutil.Process(proc.pid) if proc is not None else None
-
-
-def _cpu_seconds(proc: Any) -> float:
-    if proc is None:
-        return float("nan")
-    t = proc.cpu_times()
-    return float(t.user + t.system)
-
-
-def _machine_busy_seconds() -> float:
-    """CPU seconds all CPUs of the machine spent busy since boot (from /proc/stat)."""
-    try:
-        with open("/proc/stat") as f:
-            fields = [int(x) for x in f.readline().split()[1:]]
-    except OSError:
-        return float("nan")
-    busy = fields[0] + fields[1] + fields[2] + fields[5] + fields[6] + fields[7]
-    return busy / os.sysconf("SC_CLK_TCK")
-
-
-def _wait_for_idle(max_busy_cpus: float, max_wait: float) -> tuple[float, float]:
-    """Wait (at most ``max_wait`` s) until the machine's load is below ``max_busy_cpus``."""
-    started = time.perf_counter()
-    while True:
-        before = _machine_busy_seconds()
-        time.sleep(1.0)
-        busy = _machine_busy_seconds() - before
-        waited = time.perf_counter() - started
-        if busy != busy or busy <= max_busy_cpus or waited >= max_wait:
-            return waited, busy
+    return _harness.environment(PACKAGES, curl=curl_version)
 
 
 def _run_contender(
@@ -322,8 +258,8 @@ def _run_contender(
     """
     import psutil
 
-    waited, busy_before = _wait_for_idle(*idle)
-    machine_busy = _machine_busy_seconds()
+    waited, busy_before = _harness.wait_for_idle(*idle)
+    machine_busy = _harness.machine_busy_seconds()
     tmp = Path(tempfile.mkdtemp(prefix="aiostream-wds-bench-"))
     repo_dir = Path(stamp["root"]) / "hub" / "datasets" / REPO
     try:
@@ -336,8 +272,8 @@ def _run_contender(
             "result_path": str(tmp / "result.json"),
         }
         hub.reset_stats()
-        server = _server_process(hub)
-        server_cpu = _cpu_seconds(server)
+        server = _harness.server_process(hub)
+        server_cpu = _harness.cpu_seconds(server)
         log_path = log_dir / f"{tag}-{contender}.log"
         started = time.perf_counter()
         env = dict(os.environ, PYTHONUNBUFFERED="1", HF_HUB_DISABLE_TELEMETRY="1")
@@ -366,8 +302,8 @@ def _run_contender(
             finally:
                 proc.wait()
         wall = time.perf_counter() - started
-        server_cpu = _cpu_seconds(server) - server_cpu
-        machine_busy = _machine_busy_seconds() - machine_busy
+        server_cpu = _harness.cpu_seconds(server) - server_cpu
+        machine_busy = _harness.machine_busy_seconds() - machine_busy
         stats = hub.stats().to_json()
         if proc.returncode != 0:
             raise RuntimeError(
@@ -473,11 +409,6 @@ def _print_workload(workload: str, faults: dict[str, Any], summary: dict[str, An
         )
 
 
-def _rotations(contenders: list[str], rounds: int) -> list[list[str]]:
-    n = len(contenders)
-    return [contenders[i % n :] + contenders[: i % n] for i in range(rounds)]
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--worker", help=argparse.SUPPRESS)
@@ -543,7 +474,7 @@ def main(argv: list[str] | None = None) -> int:
             url = hub.url(REPO, f"data/train-{{000000..{n - 1:06d}}}.tar")
             url = url.replace("%7B", "{").replace("%7D", "}")
             measured: list[dict[str, dict[str, Any]]] = []
-            for i, order in enumerate(_rotations(spec["contenders"], rounds + 1)):
+            for i, order in enumerate(_harness.rotations(spec["contenders"], rounds + 1)):
                 tag = f"{workload}-r{i}"
                 got = {}
                 for contender in order:

@@ -1,0 +1,171 @@
+"""What every benchmark script measures the same way: the machine, the worker's
+environment, memory, CPU time, idleness, and the order of the rounds.
+
+The scripts run as ``python benchmarks/<name>_bench.py``, so this module is
+imported as ``_harness`` from the folder the script lies in.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Iterable
+from datetime import datetime, timezone
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "cpu_seconds",
+    "environment",
+    "library_fingerprint",
+    "machine_busy_seconds",
+    "median",
+    "rotations",
+    "server_process",
+    "vm_hwm",
+    "wait_for_idle",
+    "worker_env",
+]
+
+
+def environment(packages: Iterable[str], **extra: Any) -> dict[str, Any]:
+    """The machine, Python, the versions of ``packages``, the aiostream_hf sources
+    measured, and ``extra`` (e.g. the FFmpeg libraries PyAV links)."""
+    import psutil
+
+    versions: dict[str, str | None] = {}
+    for name in packages:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = None
+    try:
+        affinity: int | None = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        affinity = None
+    return {
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "python": sys.version.split()[0],
+        "implementation": platform.python_implementation(),
+        "platform": platform.platform(),
+        "machine": platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "cpu_affinity": affinity,
+        "memory_total": psutil.virtual_memory().total,
+        "loadavg_at_start": os.getloadavg(),
+        "packages": versions,
+        "aiostream_hf_sources": library_fingerprint(),
+        **extra,
+    }
+
+
+def library_fingerprint() -> dict[str, Any]:
+    """A digest of the aiostream_hf sources measured (the tree changes between commits)."""
+    import aiostream_hf
+
+    root = Path(aiostream_hf.__file__).resolve().parent
+    digest = hashlib.sha256()
+    files = sorted(p for p in root.rglob("*.py") if "__pycache__" not in p.parts)
+    for path in files:
+        digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes())
+    newest = max(path.stat().st_mtime for path in files)
+    return {
+        "path": str(root),
+        "sha256_of_py_sources": digest.hexdigest(),
+        "files": len(files),
+        "newest_mtime": datetime.fromtimestamp(newest, timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
+def worker_env(endpoint: str, tmp: Path, **extra: str) -> dict[str, str]:
+    """A contender's environment: the local Hub as its endpoint, fresh caches under
+    ``tmp``, no token, no telemetry, no Xet; ``extra`` on top."""
+    env = dict(os.environ)
+    for key in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN"):
+        env.pop(key, None)
+    env.update(
+        HF_ENDPOINT=endpoint,
+        HF_HOME=str(tmp / "hf-home"),
+        HF_DATASETS_CACHE=str(tmp / "hf-datasets"),
+        HF_HUB_DISABLE_TELEMETRY="1",
+        HF_HUB_DISABLE_PROGRESS_BARS="1",
+        HF_HUB_DISABLE_XET="1",
+        AIOSTREAM_HF_CACHE=str(tmp / "aiostream-cache"),
+        XDG_CACHE_HOME=str(tmp / "xdg-cache"),
+        PYTHONUNBUFFERED="1",
+        **extra,
+    )
+    return env
+
+
+def vm_hwm() -> int | None:
+    """This process's peak RSS in bytes (VmHWM). Not ru_maxrss, which Linux
+    carries over exec from the parent's memory (vfork/posix_spawn)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def server_process(hub: Any) -> Any:
+    """The Hub server's process, a psutil.Process (its CPU time shows whether it is
+    the bottleneck); None when the server runs in this process."""
+    import psutil
+
+    proc = getattr(hub, "_process", None)
+    try:
+        return psutil.Process(proc.pid) if proc is not None else None
+    except psutil.NoSuchProcess:
+        return None
+
+
+def cpu_seconds(proc: Any) -> float:
+    """User + system CPU seconds of a psutil.Process (nan for None)."""
+    if proc is None:
+        return float("nan")
+    times = proc.cpu_times()
+    return float(times.user + times.system)
+
+
+def machine_busy_seconds() -> float:
+    """CPU seconds all CPUs of the machine spent busy since boot (from /proc/stat)."""
+    try:
+        with open("/proc/stat") as f:
+            fields = [int(x) for x in f.readline().split()[1:]]
+    except OSError:
+        return float("nan")
+    # user nice system idle iowait irq softirq steal ...
+    busy = fields[0] + fields[1] + fields[2] + fields[5] + fields[6] + fields[7]
+    return busy / os.sysconf("SC_CLK_TCK")
+
+
+def wait_for_idle(max_busy_cpus: float, max_wait: float) -> tuple[float, float]:
+    """Wait (at most ``max_wait`` s) until the machine's load is below ``max_busy_cpus``
+    over one second; returns the seconds waited and the last load seen."""
+    started = time.perf_counter()
+    while True:
+        before = machine_busy_seconds()
+        time.sleep(1.0)
+        busy = machine_busy_seconds() - before
+        waited = time.perf_counter() - started
+        if busy != busy or busy <= max_busy_cpus or waited >= max_wait:
+            return waited, busy
+
+
+def median(xs: Iterable[float]) -> float:
+    return float(statistics.median(list(xs)))
+
+
+def rotations(contenders: list[str], rounds: int) -> list[list[str]]:
+    """The contenders' order in each round, rotated by one per round (A B, B A, ...)."""
+    n = len(contenders)
+    return [contenders[r % n :] + contenders[: r % n] for r in range(rounds)]
