@@ -302,6 +302,8 @@ class Stream:
         front to back (a TAR shard) has (file, row, offset): the byte where its
         next sample starts (or, compressed, the samples to pass from byte 0).
         """
+        if self._resume is not None:  # loaded, not yet taken up by an iteration
+            return {**self._resume, "samples": self._samples}
         return {
             "version": _STATE_VERSION,
             "epoch": self._epoch,
@@ -378,7 +380,7 @@ class Stream:
     async def _loaded_units(self) -> AsyncGenerator[tuple[_Tag, Any], None]:
         """Resolve, plan, fetch and decode: loaded units in order, read ahead."""
         opts = self._options
-        resume, self._resume = self._resume, None
+        resume = self._resume  # taken up (set to None) once the cursor holds it
         async with (
             Resolver(options=opts) as resolver,
             RangeFetcher(opts, token=self._token, endpoint=self._endpoint) as fetcher,
@@ -419,6 +421,7 @@ class Stream:
                 self._buffer = list(resume.get("buffer") or [])
             first_file = cursor["file"] if cursor else 0
             self._cursor = dict(cursor) if cursor else None
+            self._resume = None
             decoders = {f.url: decoder_for(f, self._format) for f in files}
             sequential = _sequential(decoders.values())
             if sequential is not None:  # TAR shards: streamed, not planned into units
@@ -444,6 +447,7 @@ class Stream:
                 async for pos, units in planned:
                     self._files += 1
                     file_seq = seq
+                    last = units[-1] if units else None
                     for unit in units:
                         seq += 1
                         if not by_file and (seq - 1) % self._world_size != self._rank:
@@ -456,7 +460,9 @@ class Stream:
                                 if cursor["done"]:
                                     continue
                                 skip = cursor["row"]
-                        tag = _Tag(pos, unit.index, file_seq, skip)
+                        # After a file's last unit, the cursor moves to the next file.
+                        after = file_seq + len(units) if unit is last else None
+                        tag = _Tag(pos, unit.index, file_seq, skip, next_file_seq=after)
                         decoder = decoders[unit.file.url]
                         run = partial(self._load, decoder, unit, fetcher, tag, sizes)
                         yield Job(sizes.reserve(unit), run, held=_held_bytes)
@@ -574,6 +580,15 @@ class Stream:
 
     def _advance(self, tag: _Tag, rows: int, done: bool) -> None:
         chunk = tag.chunk
+        if done and tag.next_file_seq is not None:  # a resume starts at the next file
+            self._cursor = {
+                "file": tag.file + 1,
+                "unit": 0,
+                "row": 0,
+                "done": False,
+                "file_seq": tag.next_file_seq,
+            }
+            return
         self._cursor = {
             "file": tag.file,
             "unit": tag.unit,
@@ -704,6 +719,7 @@ class _Tag:
     file_seq: int
     offset: int
     chunk: Chunk | None = None
+    next_file_seq: int | None = None  # the file_seq of the next file, on a file's last unit
 
 
 def _sequential(decoders: Any) -> SequentialDecoder[Any] | None:

@@ -1,21 +1,26 @@
-"""PyTorch integration: ``StreamDataset``, an ``IterableDataset`` over ``stream()``.
+"""PyTorch integration: ``IterableDataset``s over ``stream()`` and ``lerobot.stream()``.
 
     ds = ash.torch.StreamDataset("hf://datasets/org/name", split="train")
     loader = torchdata.stateful_dataloader.StatefulDataLoader(ds, num_workers=4)
 
-The dataset resolves its source once, in the process that builds it, and
-pickles the manifest to DataLoader workers: workers make no API request.
-Files are split across rank x worker (row groups when there are fewer files
-than consumers). ``state_dict()``/``load_state_dict()`` follow torchdata's
-Stateful protocol, so ``StatefulDataLoader`` checkpoints each worker's exact
-position. ``set_epoch(n)`` reaches persistent workers through shared memory.
+    robot = ash.torch.LeRobotStreamDataset("hf://datasets/lerobot/pusht",
+                                           delta_timestamps={"action": [0.0, 0.1]})
+
+A dataset resolves its source once, in the process that builds it, and
+pickles what workers need (the ``Manifest``, or the LeRobot metadata) to
+DataLoader workers: workers make no API request. Work is split across rank x
+worker: files (row groups when there are fewer files than consumers), or
+LeRobot episodes (items when there are fewer episodes than consumers).
+``state_dict()``/``load_state_dict()`` follow torchdata's Stateful protocol,
+so ``StatefulDataLoader`` checkpoints each worker's exact position.
+``set_epoch(n)`` reaches persistent workers through shared memory.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 import torch.distributed
@@ -25,9 +30,11 @@ from . import _bridge
 from ._exceptions import SourceError
 from ._options import StreamOptions
 from ._resolver import Manifest, Resolver
-from ._stream import Stream, stream
+from ._stream import stream
+from .formats import lerobot
+from .formats.lerobot import LeRobotMetadata
 
-__all__ = ["StreamDataset", "distributed_rank"]
+__all__ = ["LeRobotStreamDataset", "StreamDataset", "distributed_rank"]
 
 _RESOLVE_KEYS = ("config", "split", "data_files", "token", "endpoint")
 
@@ -42,28 +49,37 @@ def distributed_rank() -> tuple[int, int]:
     return 0, 1
 
 
-class StreamDataset(torch.utils.data.IterableDataset[Any]):
-    """A torch IterableDataset streaming ``source`` with ``stream(**stream_kwargs)``."""
+class _Resumable(Protocol):
+    """What a dataset needs of a stream: ``Stream`` and ``LeRobotStream`` both are."""
 
-    def __init__(self, source: Any, **stream_kwargs: Any) -> None:
-        for key in ("rank", "world_size"):
-            if key in stream_kwargs:
-                raise SourceError(
-                    f"StreamDataset takes no {key}=: it reads rank and world size from "
-                    "torch.distributed (or RANK/WORLD_SIZE) and splits across workers itself"
-                )
-        options = stream_kwargs.get("options") or StreamOptions()
-        resolve_kwargs = {k: stream_kwargs[k] for k in _RESOLVE_KEYS if k in stream_kwargs}
-        if isinstance(source, Manifest):
-            self.manifest = source
-        else:
-            self.manifest = _bridge.portal().call(_resolve, source, options, resolve_kwargs)
-        self._stream_kwargs = {k: v for k, v in stream_kwargs.items() if k not in _RESOLVE_KEYS}
-        self._stream_kwargs["token"] = stream_kwargs.get("token")
-        self._stream_kwargs["endpoint"] = stream_kwargs.get("endpoint")
+    def __iter__(self) -> Iterator[Any]: ...
+
+    def set_epoch(self, epoch: int) -> None: ...
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+def _no_rank(kind: str, kwargs: dict[str, Any]) -> None:
+    for key in ("rank", "world_size"):
+        if key in kwargs:
+            raise SourceError(
+                f"{kind} takes no {key}=: it reads rank and world size from "
+                "torch.distributed (or RANK/WORLD_SIZE) and splits across workers itself"
+            )
+
+
+class _StreamIterable(torch.utils.data.IterableDataset[Any]):
+    """The torch side of a dataset: consumers, epochs, the Stateful protocol."""
+
+    def __init__(self) -> None:
         self._epoch = torch.zeros((), dtype=torch.int64).share_memory_()  # type: ignore[no-untyped-call]
-        self._stream: Stream | None = None
+        self._stream: _Resumable | None = None
         self._pending_state: dict[str, Any] | None = None
+
+    def _open(self, consumer: int, consumers: int) -> _Resumable:
+        raise NotImplementedError
 
     def set_epoch(self, epoch: int) -> None:
         """Shuffle orders depend on (seed, epoch); persistent workers see it too."""
@@ -77,7 +93,7 @@ class StreamDataset(torch.utils.data.IterableDataset[Any]):
 
     def __iter__(self) -> Iterator[Any]:
         consumer, consumers = self._consumer()
-        s = stream(self.manifest, rank=consumer, world_size=consumers, **self._stream_kwargs)
+        s = self._open(consumer, consumers)
         s.set_epoch(int(self._epoch))
         if self._pending_state is not None:
             s.load_state_dict(self._pending_state)
@@ -87,9 +103,11 @@ class StreamDataset(torch.utils.data.IterableDataset[Any]):
 
     def state_dict(self) -> dict[str, Any]:
         """This consumer's exact position (torchdata Stateful protocol)."""
-        if self._stream is not None:
-            return {"stream": self._stream.state_dict()}
-        return {"stream": self._pending_state}
+        # A stream loaded with a state reports that state until its pipeline takes it
+        # up (StatefulDataLoader snapshots a worker right after iter()).
+        if self._stream is None:
+            return {"stream": self._pending_state}
+        return {"stream": self._stream.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._pending_state = state.get("stream")
@@ -98,6 +116,52 @@ class StreamDataset(torch.utils.data.IterableDataset[Any]):
         state = dict(self.__dict__)
         state["_stream"] = None  # a live stream stays in its process
         return state
+
+
+class StreamDataset(_StreamIterable):
+    """A torch IterableDataset streaming ``source`` with ``stream(**stream_kwargs)``."""
+
+    def __init__(self, source: Any, **stream_kwargs: Any) -> None:
+        _no_rank("StreamDataset", stream_kwargs)
+        super().__init__()
+        options = stream_kwargs.get("options") or StreamOptions()
+        resolve_kwargs = {k: stream_kwargs[k] for k in _RESOLVE_KEYS if k in stream_kwargs}
+        if isinstance(source, Manifest):
+            self.manifest = source
+        else:
+            self.manifest = _bridge.portal().call(_resolve, source, options, resolve_kwargs)
+        self._stream_kwargs = {k: v for k, v in stream_kwargs.items() if k not in _RESOLVE_KEYS}
+        self._stream_kwargs["token"] = stream_kwargs.get("token")
+        self._stream_kwargs["endpoint"] = stream_kwargs.get("endpoint")
+
+    def _open(self, consumer: int, consumers: int) -> _Resumable:
+        return stream(self.manifest, rank=consumer, world_size=consumers, **self._stream_kwargs)
+
+
+class LeRobotStreamDataset(_StreamIterable):
+    """A torch IterableDataset of LeRobot items: ``lerobot.stream(repo, **stream_kwargs)``.
+
+    The metadata (``meta/``) is read once, here, and the selection (``split``,
+    ``episodes``, ``delta_timestamps``) checked; workers get the metadata pickled
+    and make no API request. Each consumer (rank x worker) reads every n-th episode
+    (every n-th item when there are fewer episodes than consumers). Items are dicts
+    of numpy arrays, which the default ``collate_fn`` turns into tensors.
+    """
+
+    def __init__(
+        self, repo: str | os.PathLike[str] | LeRobotMetadata, **stream_kwargs: Any
+    ) -> None:
+        _no_rank("LeRobotStreamDataset", stream_kwargs)
+        super().__init__()
+        probe = lerobot.stream(repo, **stream_kwargs)  # checks the arguments
+        self.metadata: LeRobotMetadata = _bridge.portal().call(probe.load_metadata)
+        probe._build_plan()  # bad episodes, split or delta_timestamps fail here, once
+        self._stream_kwargs = stream_kwargs
+
+    def _open(self, consumer: int, consumers: int) -> _Resumable:
+        return lerobot.stream(
+            self.metadata, rank=consumer, world_size=consumers, **self._stream_kwargs
+        )
 
 
 async def _resolve(source: Any, options: StreamOptions, kwargs: dict[str, Any]) -> Manifest:

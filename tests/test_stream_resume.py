@@ -8,9 +8,11 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 import pytest
 
 import aiostream_hf as ash
+from aiostream_hf.formats.parquet import TAIL_READ_SIZE
 from aiostream_hf.testing import HubServer, make_repo, make_text_parquet
 
 pytestmark = pytest.mark.anyio
@@ -116,3 +118,112 @@ async def test_a_state_from_other_arguments_is_refused(repo: Path, tmp_path: Pat
         other.load_state_dict(state)
     with pytest.raises(ash.SourceError, match="version"):
         other.load_state_dict({**state, "version": 99})
+
+
+# -- what a resume fetches -------------------------------------------------------------------
+
+
+def _layout(repo: Path) -> list[tuple[int, list[int]]]:
+    """Per file, in stream order: the bytes of its first read (the tail that holds the
+    footer) and the bytes of each row group's column chunks, from pyarrow's metadata."""
+    out = []
+    for path in sorted((repo / "datasets/org/resume").glob("train-*.parquet")):
+        meta = pq.ParquetFile(path).metadata
+        groups = []
+        for r in range(meta.num_row_groups):
+            group = meta.row_group(r)
+            total = 0
+            for c in range(group.num_columns):
+                chunk = group.column(c)
+                start = chunk.data_page_offset
+                if chunk.has_dictionary_page and chunk.dictionary_page_offset is not None:
+                    start = min(start, chunk.dictionary_page_offset)
+                total += chunk.total_compressed_size
+                assert start >= 0
+            groups.append(total)
+        out.append((min(path.stat().st_size, TAIL_READ_SIZE), groups))
+    return out
+
+
+# (mode, items taken) that stop in the second or third row group of a file
+MID_FILE = [("rows", 30), ("rows", 95), ("batches", 7), ("arrow-batches", 7)]
+
+
+@pytest.mark.parametrize(
+    ("mode", "k"),
+    [
+        *MID_FILE,
+        ("rows", 7),
+        ("rows", 290),  # in the last row group
+        ("arrow", 7),  # at a row group's end
+        ("arrow", 6),  # at a file's end (files of 3, 3, 4 and 4 row groups)
+        ("rows-filtered", 30),
+        ("batches", 30),  # the end: nothing left to fetch
+    ],
+)
+async def test_resume_fetches_what_is_left_and_one_row_group(
+    repo: Path, tmp_path: Path, mode: str, k: int
+) -> None:
+    """Bytes served to the resumed stream, counted by a server of its own: at most the
+    footer reads of the files left, the row group it stopped in, and the row groups after
+    it; at least those after it. Re-reading the current file from its start would add
+    the row groups before the cursor (MID_FILE: cases that stop after a file's first
+    row group)."""
+    opts = ash.StreamOptions(cache_dir=tmp_path / "cache")
+    files = "train-{0..3}.parquet"
+
+    def make(hub: HubServer) -> ash.Stream:
+        # http(s) URLs: no API request, so the server's bytes are the files' bytes
+        url = hub.url("org/resume", files).replace("%7B", "{").replace("%7D", "}")
+        return ash.stream(url, options=opts, **MODES[mode])
+
+    with HubServer(repo) as hub:
+        async with make(hub) as first:
+            head = await _take(first, k)
+            state = json.loads(json.dumps(first.state_dict()))
+    # A server of its own: the first one may still be sending what was read ahead.
+    with HubServer(repo) as hub:
+        async with make(hub) as second:
+            second.load_state_dict(state)
+            tail = await _take(second, None)
+        served = hub.stats()
+    async with ash.stream(repo / "datasets/org/resume" / files, **MODES[mode]) as local:
+        assert head + tail == await _take(local, None)
+
+    layout = _layout(repo)
+    cursor = state["cursor"]
+    at, unit = cursor["file"], cursor["unit"]
+    footers = sum(tail_bytes for tail_bytes, _ in layout[at:])
+    after = sum(g for _, groups in layout[at + 1 :] for g in groups)
+    after += sum(layout[at][1][unit + 1 :]) if at < len(layout) else 0
+    current = layout[at][1][unit] if at < len(layout) and not cursor["done"] else 0
+    rewind = sum(layout[at][1][:unit]) if at < len(layout) else 0
+    assert served.by_bucket.get("api", 0) == 0
+    assert after <= served.bytes_served <= footers + current + after
+    if (mode, k) == ("arrow", 6):  # stopped at a file's end: the cursor is on the next
+        # file, so the resume reads nothing of the finished one, not even its footer
+        assert cursor["unit"] == cursor["row"] == 0
+        assert not cursor["done"]
+        assert served.bytes_served == sum(t + sum(g) for t, g in layout[at:])
+    if (mode, k) in MID_FILE:  # the bound would catch a resume that starts its file again
+        assert unit >= 1
+        assert rewind > footers + current + after - served.bytes_served
+
+
+async def test_a_loaded_state_is_reported_until_the_pipeline_takes_it_up(
+    repo: Path, tmp_path: Path
+) -> None:
+    # A checkpoint between load_state_dict() and the first sample (StatefulDataLoader
+    # snapshots a worker right after iter()) must keep the position, not restart.
+    opts = ash.StreamOptions(cache_dir=tmp_path / "cache")
+    with HubServer(repo) as hub:
+        src = "hf://datasets/org/resume"
+        async with ash.stream(src, endpoint=hub.endpoint, options=opts) as s:
+            await _take(s, 30)
+            state = s.state_dict()
+        again = ash.stream(src, endpoint=hub.endpoint, options=opts)
+        again.load_state_dict(state)
+        assert again.state_dict() == state
+        async with again:
+            rest = await _take(again, None)
+        assert len(rest) == 60 + 70 + 80 + 90 - 30

@@ -52,12 +52,21 @@ epoch)``, then draws items at random from a buffer of ``shuffle`` (1000 for True
 pending items, which hold row numbers, not pictures. ``rank`` / ``world_size``
 (default: ``RANK`` / ``WORLD_SIZE``) give each rank every ``world_size``-th episode
 (every ``world_size``-th item when there are fewer episodes than ranks).
+
+Resume: ``state_dict()`` is the exact position of the consumer (the next frame in the
+order above, the shuffle buffer's row numbers and its RNG state, and a fingerprint
+of the dataset); ``load_state_dict(state)`` before an iteration makes it start with
+the item after the last one delivered. It reads the data rows of the episodes still
+to come (and of those the buffer holds) and fetches no frame of a delivered item.
+``lerobot.stream(metadata)`` streams from metadata loaded before (``load_metadata()``,
+e.g. in a DataLoader's parent process): no API request is made.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import hashlib
 import json
 import math
 import os
@@ -70,6 +79,7 @@ from collections.abc import (
     AsyncIterator,
     Awaitable,
     Callable,
+    Iterable,
     Iterator,
     Mapping,
     Sequence,
@@ -138,6 +148,7 @@ _BATCH_ITEMS = 16  # items whose frames are fetched with one request per video f
 _SHUFFLE_BUFFER = 1000
 _REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 _SPLIT_RANGE = re.compile(r"^\s*(\d+)\s*:\s*(\d+)\s*$")
+_STATE_VERSION = 1
 
 
 # -- metadata ---------------------------------------------------------------------------
@@ -178,6 +189,7 @@ class LeRobotMetadata:
     tasks: Mapping[int, str] = field(repr=False)
     episodes: tuple[EpisodeInfo, ...] = field(repr=False)
     commit: str | None = None
+    endpoint: str | None = None  # the Hub it was read from (None for a local folder)
 
     @property
     def total_frames(self) -> int:
@@ -218,7 +230,7 @@ class LeRobotStatistics:
 
 
 def stream(
-    repo: str | os.PathLike[str],
+    repo: str | os.PathLike[str] | LeRobotMetadata,
     *,
     delta_timestamps: Mapping[str, Sequence[float]] | None = None,
     tolerance_s: float = 1e-4,
@@ -237,7 +249,8 @@ def stream(
 ) -> LeRobotStream:
     """A lazy stream of the items of a LeRobot dataset; nothing is read until iteration.
 
-    ``repo`` is ``hf://datasets/ORG/NAME[@REVISION]`` or a local dataset folder.
+    ``repo`` is ``hf://datasets/ORG/NAME[@REVISION]``, a local dataset folder, or the
+    ``LeRobotMetadata`` of one, loaded before (then no API request is made).
     ``episodes`` selects episodes by ``episode_index``; ``split`` picks the episode
     range that ``meta/info.json`` gives it (``"train": "0:50"``; None for every
     episode). ``batch_items`` items share one frame request per video file.
@@ -339,7 +352,7 @@ class LeRobotStream:
 
     def __init__(
         self,
-        repo: str | os.PathLike[str],
+        repo: str | os.PathLike[str] | LeRobotMetadata,
         *,
         delta_timestamps: Mapping[str, Sequence[float]] | None,
         tolerance_s: float,
@@ -385,7 +398,14 @@ class LeRobotStream:
                 raise SourceError(f"{name}={value!r}: must be an integer >= 1")
         if split is not None and not isinstance(split, str):
             raise SourceError(f"split={split!r}: give a split name or None")
-        self._source = _parse_repo(repo)
+        self._meta: LeRobotMetadata | None = None
+        self._source: HubSource | Path | None = None
+        if isinstance(repo, LeRobotMetadata):
+            self._meta = repo  # loaded elsewhere (e.g. in a DataLoader's parent process)
+            if endpoint is None:
+                endpoint = repo.endpoint
+        else:
+            self._source = _parse_repo(repo)
         self._deltas = _check_deltas(delta_timestamps)
         self._tolerance = float(tolerance_s)
         self._episodes = None if episodes is None else tuple(dict.fromkeys(episodes))
@@ -401,7 +421,6 @@ class LeRobotStream:
         self._endpoint = endpoint
         self._epoch = 0
         self._closed = False
-        self._meta: LeRobotMetadata | None = None
         self._iterators: list[AsyncGenerator[Any, None]] = []
         self._sync_iterators: list[SyncIterator[Any]] = []
         self._fetcher: RangeFetcher | None = None
@@ -412,6 +431,10 @@ class LeRobotStream:
         self._items = self._episodes_started = self._data_files = 0
         self._first_item: float | None = None
         self._started = 0.0
+        self._resume: dict[str, Any] | None = None  # the cursor to start the next iteration at
+        self._loaded: dict[str, Any] | None = None  # a loaded state, until an item is delivered
+        self._position: tuple[_Checkpoint, int] | None = None  # (checkpoint, items after it)
+        self._fingerprint: dict[str, Any] | None = None
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -493,6 +516,88 @@ class LeRobotStream:
             max_prefetched_bytes=prefetch.max_held_bytes if prefetch else 0,
         )
 
+    # -- resume ------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """The exact position of this stream: load it into a new stream to go on from here.
+
+        ``cursor`` holds the next frame to consider in this rank's order (data file
+        group, episode, frame), the items of the sequence before it (``seq``, for
+        item-level rank splits), the shuffle buffer as ``[episode_index, frame]``
+        pairs and its RNG state, and ``skip``: the items after that point that were
+        delivered already. ``dataset`` fingerprints the episodes read (and the commit),
+        so that a state is not loaded into another dataset. JSON-able and small: the
+        buffer holds row numbers, not pictures.
+        """
+        cursor: dict[str, Any] | None
+        if self._position is not None:
+            checkpoint, skip = self._position
+            cursor, dataset = checkpoint.to_state(skip), self._fingerprint
+        elif self._loaded is not None:  # loaded, and no item delivered since
+            cursor, dataset = self._loaded.get("cursor"), self._loaded.get("dataset")
+        else:
+            cursor, dataset = None, self._fingerprint
+        return {
+            "version": _STATE_VERSION,
+            "kind": "lerobot",
+            "epoch": self._epoch,
+            "seed": self._seed,
+            "rank": self._rank,
+            "world_size": self._world_size,
+            "shuffle": self._shuffle_buffer,
+            "dataset": dataset,
+            "cursor": cursor,
+            "items": self._items,
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Continue, on the next iteration, with the item after the last one ``state`` saw.
+
+        A state saved with other ``seed``, ``rank``, ``world_size`` or ``shuffle``, or
+        over other episodes (another dataset, revision, split or selection), is
+        refused with ``SourceError`` (the dataset is checked here when the metadata is
+        loaded already, else when the iteration has read it).
+        """
+        if state.get("version") != _STATE_VERSION:
+            raise SourceError(
+                f"state version {state.get('version')!r} is not {_STATE_VERSION}: "
+                "it was saved by another version of aiostream-hf"
+            )
+        if state.get("kind") != "lerobot":
+            raise SourceError(
+                "state is not a LeRobot stream's (its 'kind' is "
+                f"{state.get('kind')!r}): load it into the kind of stream that saved it"
+            )
+        for key, mine in (
+            ("seed", self._seed),
+            ("rank", self._rank),
+            ("world_size", self._world_size),
+            ("shuffle", self._shuffle_buffer),
+        ):
+            if state.get(key) != mine:
+                raise SourceError(
+                    f"state was saved with {key}={state.get(key)!r} but this stream has "
+                    f"{key}={mine!r}: resume with the same arguments"
+                )
+        if self._meta is not None and state.get("dataset") is not None:
+            _check_dataset(_fingerprint(self._build_plan()), state["dataset"])
+        self._epoch = int(state["epoch"])
+        self._resume = dict(state)
+        self._loaded = dict(state)
+        self._position = None
+        self._items = int(state.get("items", 0))
+
+    def _build_plan(self) -> _Plan:
+        assert self._meta is not None
+        return _Plan.build(
+            self._meta,
+            deltas=self._deltas,
+            tolerance_s=self._tolerance,
+            episodes=self._episodes,
+            split=self._split,
+            image_format=self._image_format,
+        )
+
     # -- iteration ---------------------------------------------------------------------
 
     def __aiter__(self) -> AsyncIterator[dict[str, Any]]:
@@ -506,28 +611,44 @@ class LeRobotStream:
         self._check_open()
         return self._iterate_sync()
 
-    async def _iterate(self) -> AsyncGenerator[dict[str, Any], None]:
+    def _begin(self) -> dict[str, Any] | None:
+        """An iteration starts (on the consumer's side): the state it resumes from, if any."""
         self._started = time.monotonic()
-        batches = self._batches()
+        resume, self._resume = self._resume, None
+        self._position = None
+        if resume is None:
+            self._loaded = None
+        return resume
+
+    async def _iterate(self) -> AsyncGenerator[dict[str, Any], None]:
+        batches = self._batches(self._begin())
         try:
             async for batch in batches:
-                for item in batch:
-                    yield self._emit(item)
+                for item in self._deliver(batch):
+                    yield item
         finally:
             await batches.aclose()  # on this task: it holds the task groups' cancel scopes
 
     def _iterate_sync(self) -> Iterator[dict[str, Any]]:
-        self._started = time.monotonic()
-        it: SyncIterator[list[dict[str, Any]]] = SyncIterator(self._batches, buffer=2)
+        """Batches cross the bridge; items are handed out on the consumer's thread, so
+        ``state_dict()`` is exact at every item the consumer has."""
+        resume = self._begin()
+        it: SyncIterator[_Batch] = SyncIterator(functools.partial(self._batches, resume), buffer=2)
         self._sync_iterators.append(it)
         try:
             for batch in it:
-                for item in batch:
-                    yield self._emit(item)
+                yield from self._deliver(batch)
         finally:
             it.close()
             if it in self._sync_iterators:
                 self._sync_iterators.remove(it)
+
+    def _deliver(self, batch: _Batch) -> Iterator[dict[str, Any]]:
+        """The items of a batch; the position moves as each one is taken."""
+        last = len(batch.items) - 1
+        for i, item in enumerate(batch.items):
+            self._position = (batch.end, 0) if i == last else (batch.start, batch.first + i + 1)
+            yield self._emit(item)
 
     def _emit(self, item: dict[str, Any]) -> dict[str, Any]:
         self._items += 1
@@ -536,11 +657,12 @@ class LeRobotStream:
         return item
 
     async def _root(self, resolver: Resolver) -> _Root:
+        assert self._source is not None  # no metadata given: the stream has a source
         if isinstance(self._source, Path):
             return await anyio.to_thread.run_sync(_local_root, self._source)
         return await _hub_root(self._source, resolver, self._token, self._endpoint)
 
-    async def _batches(self) -> AsyncGenerator[list[dict[str, Any]], None]:
+    async def _batches(self, resume: Mapping[str, Any] | None) -> AsyncGenerator[_Batch, None]:
         """Items in batches: metadata, then data files and frames, read ahead."""
         opts = self._options
         async with (
@@ -550,19 +672,16 @@ class LeRobotStream:
             self._resolver, self._fetcher = resolver, fetcher
             if self._meta is None:
                 self._meta = await _load_metadata(await self._root(resolver), fetcher)
-            meta = self._meta
-            plan = _Plan.build(
-                meta,
-                deltas=self._deltas,
-                tolerance_s=self._tolerance,
-                episodes=self._episodes,
-                split=self._split,
-                image_format=self._image_format,
-            )
+            plan = self._build_plan()
+            fingerprint = _fingerprint(plan)
+            if resume is not None and resume.get("dataset") is not None:
+                _check_dataset(fingerprint, resume["dataset"])
+            self._fingerprint = fingerprint
+            cursor = resume.get("cursor") if resume is not None else None
             pool = self._pool = _ReaderPool(fetcher, self._max_open)
             try:
-                ahead: Prefetcher[list[dict[str, Any]]] = Prefetcher(
-                    self._jobs(plan, fetcher, pool),
+                ahead: Prefetcher[_Batch] = Prefetcher(
+                    self._jobs(plan, fetcher, pool, cursor),
                     max_count=opts.prefetch_count,
                     max_bytes=opts.prefetch_bytes,
                 )
@@ -593,50 +712,234 @@ class LeRobotStream:
                 rng.shuffle(group)
         return order
 
+    def _frames(self, episode: EpisodeInfo) -> list[int]:
+        """The episode's frames in reading order: shuffled by (seed, epoch, episode), the
+        same on every rank (a rank keeps every world_size-th item of one sequence)."""
+        positions = list(range(episode.length))
+        if self._shuffle_buffer:
+            random.Random(f"{self._seed}:{self._epoch}:frames:{episode.index}").shuffle(positions)
+        return positions
+
     async def _jobs(
-        self, plan: _Plan, fetcher: ByteSource, pool: _ReaderPool
-    ) -> AsyncIterator[Job[list[dict[str, Any]]]]:
-        """Batches of items to assemble, in delivery order (runs ahead of the consumer)."""
+        self,
+        plan: _Plan,
+        fetcher: ByteSource,
+        pool: _ReaderPool,
+        cursor: Mapping[str, Any] | None,
+    ) -> AsyncIterator[Job[_Batch]]:
+        """Batches of items to assemble, in delivery order (runs ahead of the consumer).
+
+        Each batch carries the checkpoints before and after it. A resume starts at a
+        checkpoint (loading the data rows of the buffer's episodes and of the rest of
+        the current data file) and drops the ``skip`` items delivered after it before
+        any of their frames is fetched.
+        """
+        order = self._order(plan)
         split_items = len(plan.episodes) < self._world_size
-        # Frame orders are the same on every rank (a rank keeps every world_size-th item of
-        # one sequence); the buffer's draws differ per rank.
-        order_rng = random.Random(f"{self._seed}:{self._epoch}:frames")
+        size = self._shuffle_buffer
+        # The buffer's draws differ per rank; its state is saved with every checkpoint.
         rng = random.Random(f"{self._seed}:{self._epoch}:buffer:{self._rank}")
         buffer: list[_Row] = []
+        g0 = e0 = f0 = seq = skip = 0
+        preloaded: dict[int, _EpisodeRows] = {}
+        if cursor is not None:
+            g0, e0, f0, seq, skip, pending, rng_state = _parse_cursor(cursor, order)
+            if rng_state is not None:
+                rng.setstate(rng_state)
+            by_index = {e.index: e for e in plan.episodes}
+            wanted = {e: by_index[e] for e, _ in pending if e in by_index}
+            if len(wanted) < len({e for e, _ in pending}):
+                raise SourceError(
+                    "state's shuffle buffer holds episodes that this stream does not read: "
+                    "resume with the same dataset and selection"
+                )
+            if g0 < len(order):
+                wanted.update((e.index, e) for e in order[g0][e0:])
+            preloaded, files = await _load_rows(fetcher, plan, wanted.values())
+            self._data_files += files
+            buffer = [_Row(preloaded[e], pos) for e, pos in pending]
+
+        def checkpoint(g: int, e: int, f: int) -> _Checkpoint:
+            return _Checkpoint(g, e, f, seq, tuple(buffer), rng.getstate() if size else None)
+
+        start = checkpoint(g0, e0, f0)
         batch: list[_Row] = []
-        seq = 0
-        for group in self._order(plan):
-            rows = await _load_episodes(fetcher, plan, group)
-            self._data_files += 1
-            for episode in group:
+
+        def cut(end: _Checkpoint) -> Job[_Batch] | None:
+            nonlocal batch, skip, start
+            drop = min(skip, len(batch))
+            rows, first, before = batch[drop:], drop, start
+            skip -= drop
+            batch, start = [], end
+            if not rows:
+                return None
+            job = plan.job(rows, pool)
+
+            async def run() -> _Batch:
+                return _Batch(await job.run(), before, first, end)
+
+            return Job(job.cost, run)
+
+        for g in range(g0, len(order)):
+            group = order[g]
+            e_first = e0 if g == g0 else 0
+            if g == g0 and cursor is not None:
+                rows = preloaded
+            else:
+                rows = await _load_episodes(fetcher, plan, group)
+                self._data_files += 1
+            for e in range(e_first, len(group)):
+                episode = group[e]
                 data = rows[episode.index]
                 self._episodes_started += 1
-                positions = list(range(episode.length))
-                if self._shuffle_buffer:
-                    order_rng.shuffle(positions)
-                for pos in positions:
+                positions = self._frames(episode)
+                for f in range(f0 if (g, e) == (g0, e0) else 0, episode.length):
                     seq += 1
                     if split_items and (seq - 1) % self._world_size != self._rank:
                         continue
-                    row = _Row(data, pos)
-                    if self._shuffle_buffer:
-                        if len(buffer) < self._shuffle_buffer:
+                    row = _Row(data, positions[f])
+                    if size:
+                        if len(buffer) < size:
                             buffer.append(row)
                             continue
                         j = rng.randrange(len(buffer))
                         row, buffer[j] = buffer[j], row
                     batch.append(row)
                     if len(batch) == self._batch_items:
-                        yield plan.job(batch, pool)
-                        batch = []
-        rng.shuffle(buffer)
-        for row in buffer:
-            batch.append(row)
+                        job = cut(checkpoint(*_following(order, g, e, f)))
+                        if job is not None:
+                            yield job
+        # The buffer drains with one draw per item, so a checkpoint mid-drain resumes it.
+        while buffer:
+            j = rng.randrange(len(buffer))
+            buffer[j], buffer[-1] = buffer[-1], buffer[j]
+            batch.append(buffer.pop())
             if len(batch) == self._batch_items:
-                yield plan.job(batch, pool)
-                batch = []
+                job = cut(checkpoint(len(order), 0, 0))
+                if job is not None:
+                    yield job
         if batch:
-            yield plan.job(batch, pool)
+            job = cut(checkpoint(len(order), 0, 0))
+            if job is not None:
+                yield job
+
+
+@dataclass(frozen=True)
+class _Checkpoint:
+    """Where the producer of items stands: the next frame to consider (data file group,
+    episode, frame, in this rank's order), the items of the sequence before it, and
+    the shuffle buffer with its RNG state."""
+
+    group: int
+    episode: int
+    frame: int
+    seq: int
+    buffer: tuple[_Row, ...] = ()
+    rng: tuple[Any, ...] | None = None
+
+    def to_state(self, skip: int) -> dict[str, Any]:
+        return {
+            "group": self.group,
+            "episode": self.episode,
+            "frame": self.frame,
+            "seq": self.seq,
+            "skip": skip,
+            "buffer": [[row.episode.info.index, row.pos] for row in self.buffer],
+            "rng": self.rng,
+        }
+
+
+@dataclass(frozen=True)
+class _Batch:
+    """Assembled items, the checkpoint before them (``first`` items after it were dropped
+    on a resume) and the one after them."""
+
+    items: list[dict[str, Any]]
+    start: _Checkpoint
+    first: int
+    end: _Checkpoint
+
+
+def _following(
+    order: Sequence[Sequence[EpisodeInfo]], g: int, e: int, f: int
+) -> tuple[int, int, int]:
+    """The position after frame ``f`` of episode ``e`` of group ``g`` (past empty episodes)."""
+    f += 1
+    while g < len(order):
+        if e >= len(order[g]):
+            g, e, f = g + 1, 0, 0
+        elif f >= order[g][e].length:
+            e, f = e + 1, 0
+        else:
+            return g, e, f
+    return len(order), 0, 0
+
+
+def _parse_cursor(
+    cursor: Mapping[str, Any], order: Sequence[Sequence[EpisodeInfo]]
+) -> tuple[int, int, int, int, int, list[tuple[int, int]], tuple[Any, ...] | None]:
+    """A saved cursor, checked against this rank's order."""
+    try:
+        g, e, f, seq, skip = (int(cursor[k]) for k in ("group", "episode", "frame", "seq", "skip"))
+        pending = [(int(ep), int(pos)) for ep, pos in cursor.get("buffer") or ()]
+        saved_rng = cursor.get("rng")
+        rng = None if saved_rng is None else _as_rng_state(saved_rng)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise SourceError(
+            f"state's cursor is not a LeRobot stream's ({type(exc).__name__}: {exc}): load the "
+            "state_dict() of a LeRobot stream"
+        ) from exc
+    inside = g < len(order) and 0 <= e < len(order[g]) and 0 <= f <= order[g][e].length
+    if min(g, e, f, seq, skip) < 0 or not (inside or (g, e, f) == (len(order), 0, 0)):
+        raise SourceError(
+            f"state's cursor (data file group {g}, episode {e}, frame {f}) is not a position "
+            "of this stream: resume with the same dataset and arguments"
+        )
+    return g, e, f, seq, skip, pending, rng
+
+
+def _as_rng_state(state: Any) -> tuple[Any, ...]:
+    """random.Random state, also after a JSON round trip (lists instead of tuples)."""
+    version, internal, gauss = state
+    return (version, tuple(internal), gauss)
+
+
+def _fingerprint(plan: _Plan) -> dict[str, Any]:
+    """What a state's positions refer to: the episodes read, their rows and data files
+    (the last two URL segments and the size), and the commit."""
+    episodes = [
+        [
+            e.index,
+            e.length,
+            e.dataset_from_index,
+            "/".join(e.data_file.url.rsplit("/", 2)[-2:]),
+            e.data_file.size,
+        ]
+        for e in plan.episodes
+    ]
+    text = json.dumps([plan.meta.commit, episodes])
+    return {
+        "source": plan.meta.source,
+        "commit": plan.meta.commit,
+        "episodes": len(episodes),
+        "frames": sum(e.length for e in plan.episodes),
+        "digest": hashlib.sha256(text.encode()).hexdigest()[:16],
+    }
+
+
+def _check_dataset(mine: Mapping[str, Any], saved: Mapping[str, Any]) -> None:
+    if saved.get("digest") == mine["digest"]:
+        return
+
+    def describe(fp: Mapping[str, Any]) -> str:
+        at = f" at commit {fp.get('commit')}" if fp.get("commit") else ""
+        return f"{fp.get('source')}{at} ({fp.get('episodes')} episodes, {fp.get('frames')} frames)"
+
+    raise SourceError(
+        f"state was saved over another dataset or selection: {describe(saved)}, but this "
+        f"stream reads {describe(mine)}: resume with the same dataset, revision, split and "
+        "episodes (pin the revision, hf://datasets/ORG/NAME@COMMIT, so that it cannot move)"
+    )
 
 
 # -- where the files are ----------------------------------------------------------------
@@ -651,6 +954,7 @@ class _Root:
     url_base: str | None = None  # Hub: ".../resolve/{sha}/" + the dataset's folder
     prefix: str = ""  # the dataset's folder in the repo ("" or "sub/")
     commit: str | None = None
+    endpoint: str | None = None
 
     def file(self, path: str) -> FileRef | None:
         """The file at ``path`` (relative to the dataset root), if it may exist."""
@@ -699,6 +1003,7 @@ async def _hub_root(
         url_base=base + quote(prefix),
         prefix=prefix,
         commit=manifest.commit,
+        endpoint=manifest.endpoint,
     )
 
 
@@ -861,6 +1166,7 @@ async def _load_metadata(root: _Root, source: ByteSource) -> LeRobotMetadata:
         tasks=tasks,
         episodes=tuple(sorted(episodes, key=lambda e: e.index)),
         commit=root.commit,
+        endpoint=root.endpoint,
     )
 
 
@@ -1183,6 +1489,23 @@ async def _load_episodes(
 
     table = await _read_parquet(source, file, keep=keep, filter=filter)
     return await anyio.to_thread.run_sync(_split_episodes, table, group, file, label)
+
+
+async def _load_rows(
+    source: ByteSource, plan: _Plan, episodes: Iterable[EpisodeInfo]
+) -> tuple[dict[int, _EpisodeRows], int]:
+    """The rows of ``episodes`` (of any data files), one read per file, the files
+    concurrently; and how many files were read."""
+    by_file: dict[str, list[EpisodeInfo]] = {}
+    for episode in episodes:
+        by_file.setdefault(episode.data_file.url, []).append(episode)
+    rows: dict[int, _EpisodeRows] = {}
+
+    async def load(group: list[EpisodeInfo]) -> None:
+        rows.update(await _load_episodes(source, plan, group))
+
+    await _all([functools.partial(load, group) for group in by_file.values()])
+    return rows, len(by_file)
 
 
 def _split_episodes(

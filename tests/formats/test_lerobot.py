@@ -469,6 +469,180 @@ async def test_ranks_are_disjoint_and_complete(
     assert sorted(seen) == list(range(layout.total_frames))
 
 
+# -- resume -----------------------------------------------------------------------------------
+
+RESUME_MODES: dict[str, dict[str, Any]] = {
+    "in-order": {},
+    "windows": {"delta_timestamps": WINDOWS},
+    "shuffled": {"shuffle": 30, "seed": 4},
+    "rank-1-of-2": {"rank": 1, "world_size": 2, "shuffle": 10},
+    "items-of-7-ranks": {"rank": 3, "world_size": 7},  # fewer episodes than ranks
+}
+
+
+async def take(s: lerobot.LeRobotStream, k: int) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """The first k items, and the state after them (through JSON, as a checkpoint)."""
+    items = []
+    async with s:
+        async for item in s:
+            items.append(item)
+            if len(items) == k:
+                break
+        return items, json.loads(json.dumps(s.state_dict()))
+
+
+def indices(items: Sequence[Mapping[str, Any]]) -> list[int]:
+    return [int(item["index"]) for item in items]
+
+
+@pytest.mark.parametrize("mode", list(RESUME_MODES))
+async def test_resume_continues_with_the_next_item(
+    datasets: dict[str, LeRobotLayout], hub: HubServer, options: StreamOptions, mode: str
+) -> None:
+    layout = datasets["v3-h264"]
+    kw = {"batch_items": 8, **RESUME_MODES[mode]}
+    full = await collect(remote(layout, hub, options, **kw))
+    # in the first batch, mid-episode in a batch, at a batch's end, in the last batch
+    # (for the shuffled modes: while the buffer drains)
+    for k in sorted({1, 11, 16, len(full) - 3}):
+        head, state = await take(remote(layout, hub, options, **kw), k)
+        assert state["items"] == k
+        # small: positions, the buffer's row numbers and its RNG state (625 words)
+        limit = 9000 + 20 * kw["shuffle"] if "shuffle" in kw else 1000
+        assert len(json.dumps(state)) < limit
+        resumed = remote(layout, hub, options, **kw)
+        resumed.load_state_dict(state)
+        tail = await collect(resumed)
+        assert indices(head) + indices(tail) == indices(full), (mode, k)
+        assert_items_equal(tail, full[k:])  # frames and windows, pixel for pixel
+        finished = remote(layout, hub, options, **kw)
+        finished.load_state_dict(resumed.state_dict())
+        assert await collect(finished) == []
+
+
+async def test_resume_fetches_no_frame_of_a_delivered_item(
+    datasets: dict[str, LeRobotLayout], hub: HubServer, options: StreamOptions
+) -> None:
+    """Stopped in the middle of episode 3 (frame 25 of 40): the resumed stream decodes the
+    frames of the items left and nothing else, and reads fewer bytes than a stream of
+    episodes 3 and 4 from their start."""
+    layout = datasets["v3-h264"]
+    cameras = len(layout.video_keys)
+    total = layout.total_frames
+    k = sum(LENGTHS[:3]) + 25
+    full = remote(layout, hub, options, batch_items=8)
+    await collect(full)
+    assert full.statistics().video["frames_returned"] == total * cameras
+    head, state = await take(remote(layout, hub, options, batch_items=8), k)
+
+    resumed = remote(layout, hub, options, batch_items=8)
+    resumed.load_state_dict(state)
+    served = hub.stats().bytes_served
+    tail = await collect(resumed)
+    resumed_bytes = hub.stats().bytes_served - served
+    assert indices(tail) == list(range(k, total))
+    video = resumed.statistics().video
+    assert video["frames_returned"] == (total - k) * cameras  # none of a delivered item
+
+    fresh = remote(layout, hub, options, batch_items=8, episodes=[3, 4])
+    served = hub.stats().bytes_served
+    assert indices(await collect(fresh)) == list(range(sum(LENGTHS[:3]), total))
+    fresh_bytes = hub.stats().bytes_served - served
+    assert video["frame_bytes"] < fresh.statistics().video["frame_bytes"]
+    assert resumed_bytes < fresh_bytes
+
+
+RESUME_SYNC_SCRIPT = """
+import json, sys
+from pathlib import Path
+from aiostream_hf import StreamOptions
+from aiostream_hf.formats import lerobot
+
+uri, endpoint, cache, out = sys.argv[1:]
+options = StreamOptions(cache_dir=Path(cache))
+head = []
+with lerobot.stream(uri, endpoint=endpoint, options=options, shuffle=20, batch_items=4) as s:
+    for item in s:
+        head.append(int(item["index"]))
+        if len(head) == 37:
+            break
+    state = json.dumps(s.state_dict())
+with lerobot.stream(uri, endpoint=endpoint, options=options, shuffle=20, batch_items=4) as s:
+    s.load_state_dict(json.loads(state))
+    tail = [int(item["index"]) for item in s]
+with lerobot.stream(uri, endpoint=endpoint, options=options, shuffle=20, batch_items=4) as s:
+    full = [int(item["index"]) for item in s]
+Path(out).write_text(json.dumps([head, tail, full]))
+"""
+
+
+def test_sync_iteration_resumes(
+    datasets: dict[str, LeRobotLayout], hub: HubServer, tmp_path: Path
+) -> None:
+    layout = datasets["v21"]
+    out = tmp_path / "indices.json"
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            RESUME_SYNC_SCRIPT,
+            layout.uri,
+            hub.endpoint,
+            str(tmp_path),
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    head, tail, full = json.loads(out.read_text())
+    assert len(head) == 37
+    assert head + tail == full
+    assert sorted(full) == list(range(layout.total_frames))
+
+
+async def test_a_state_from_another_dataset_or_arguments_is_refused(
+    datasets: dict[str, LeRobotLayout], hub: HubServer, options: StreamOptions
+) -> None:
+    _, state = await take(remote(datasets["v3-av1"], hub, options, seed=1), 5)
+    assert state["dataset"]["frames"] == sum(LENGTHS)
+    # same episode lengths and file names, another repo (commit)
+    other = remote(datasets["v3-h264"], hub, options, seed=1)
+    other.load_state_dict(state)
+    with pytest.raises(SourceError, match="another dataset or selection"):
+        await collect(other)
+    subset = remote(datasets["v3-av1"], hub, options, seed=1, episodes=[0, 1, 2])
+    subset.load_state_dict(state)
+    with pytest.raises(SourceError, match=r"\(5 episodes, 145 frames\).*\(3 episodes"):
+        await collect(subset)
+    # with the metadata loaded, the check is made at once
+    loaded = remote(datasets["v3-h264"], hub, options, seed=1)
+    await loaded.load_metadata()
+    with pytest.raises(SourceError, match="another dataset"):
+        loaded.load_state_dict(state)
+    with pytest.raises(SourceError, match="seed=1"):
+        remote(datasets["v3-av1"], hub, options, seed=2).load_state_dict(state)
+    with pytest.raises(SourceError, match="shuffle=0"):
+        remote(datasets["v3-av1"], hub, options, seed=1, shuffle=5).load_state_dict(state)
+    with pytest.raises(SourceError, match="version"):
+        remote(datasets["v3-av1"], hub, options).load_state_dict({**state, "version": 99})
+    with pytest.raises(SourceError, match="not a LeRobot stream's"):
+        remote(datasets["v3-av1"], hub, options).load_state_dict({**state, "kind": None})
+
+
+async def test_stream_from_loaded_metadata_makes_no_api_request(
+    datasets: dict[str, LeRobotLayout], hub: HubServer, options: StreamOptions
+) -> None:
+    layout = datasets["v3-av1"]
+    meta = await remote(layout, hub, options).load_metadata()
+    assert meta.endpoint == hub.endpoint
+    before = hub.stats().by_bucket.get("api", 0)
+    got = await collect(lerobot.stream(meta, options=options, episodes=[1]))
+    assert hub.stats().by_bucket.get("api", 0) == before
+    assert_items_equal(got, reference_items(layout, episodes=[1]))
+
+
 # -- errors -----------------------------------------------------------------------------------
 
 
