@@ -29,10 +29,10 @@ import torch.utils.data
 from . import _bridge
 from ._exceptions import SourceError
 from ._options import StreamOptions
-from ._resolver import Manifest, Resolver
+from . import _resolver
+from ._resolver import Manifest
 from ._stream import stream
 from .formats import lerobot
-from .formats.lerobot import LeRobotMetadata
 
 __all__ = ["LeRobotStreamDataset", "StreamDataset", "distributed_rank"]
 
@@ -149,12 +149,12 @@ class LeRobotStreamDataset(_StreamIterable):
     """
 
     def __init__(
-        self, repo: str | os.PathLike[str] | LeRobotMetadata, **stream_kwargs: Any
+        self, repo: str | os.PathLike[str] | lerobot.LeRobotMetadata, **stream_kwargs: Any
     ) -> None:
         _no_rank("LeRobotStreamDataset", stream_kwargs)
         super().__init__()
         probe = lerobot.stream(repo, **stream_kwargs)  # checks the arguments
-        self.metadata: LeRobotMetadata = _bridge.portal().call(probe.load_metadata)
+        self.metadata: lerobot.LeRobotMetadata = _bridge.portal().call(probe.load_metadata)
         probe._build_plan()  # bad episodes, split or delta_timestamps fail here, once
         self._stream_kwargs = stream_kwargs
 
@@ -165,5 +165,5 @@ class LeRobotStreamDataset(_StreamIterable):
 
 
 async def _resolve(source: Any, options: StreamOptions, kwargs: dict[str, Any]) -> Manifest:
-    async with Resolver(options=options) as resolver:
+    async with _resolver.Resolver(options=options) as resolver:
         return await resolver.resolve(source, **kwargs)

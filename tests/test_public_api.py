@@ -7,7 +7,7 @@ import types
 
 import pytest
 
-MODULES = ["aiostream_hf", "aiostream_hf.testing", "aiostream_hf.formats"]
+MODULES = ["aiostream_hf", "aiostream_hf.testing", "aiostream_hf.formats", "aiostream_hf.torch"]
 
 
 @pytest.mark.parametrize("name", MODULES)
