@@ -26,10 +26,9 @@ import torch
 import torch.distributed
 import torch.utils.data
 
-from . import _bridge
+from . import _bridge, _resolver
 from ._exceptions import SourceError
 from ._options import StreamOptions
-from . import _resolver
 from ._resolver import Manifest
 from ._stream import stream
 from .formats import lerobot
