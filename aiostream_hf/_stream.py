@@ -32,6 +32,7 @@ from ._exceptions import ClosedResourceError, SourceError
 from ._fetcher import RangeFetcher
 from ._options import StreamOptions
 from ._prefetch import Job, Prefetcher
+from ._ranks import rank_and_world
 from ._readahead import Emit, Lane, LaneReadahead
 from ._resolver import FileRef, Manifest, Resolver
 from ._sources import parse_sources
@@ -121,23 +122,6 @@ def stream(
     )
 
 
-def _rank_and_world(rank: int | None, world_size: int | None) -> tuple[int, int]:
-    if rank is None and world_size is None:
-        env_rank, env_world = os.environ.get("RANK"), os.environ.get("WORLD_SIZE")
-        if env_rank is not None and env_world is not None:
-            rank, world_size = int(env_rank), int(env_world)
-    if rank is None and world_size is None:
-        return 0, 1
-    if rank is None or world_size is None:
-        raise SourceError(f"rank={rank!r}, world_size={world_size!r}: give both or neither")
-    if world_size < 1 or not 0 <= rank < world_size:
-        raise SourceError(
-            f"rank={rank!r}, world_size={world_size!r}: need world_size >= 1 and "
-            "0 <= rank < world_size"
-        )
-    return rank, world_size
-
-
 class Stream:
     """One lazy stream: async-iterable, closable, observable. See :func:`stream`."""
 
@@ -190,7 +174,7 @@ class Stream:
         self._output: Output = output
         self._shuffle_buffer = buffer
         self._seed = seed
-        self._rank, self._world_size = _rank_and_world(rank, world_size)
+        self._rank, self._world_size = rank_and_world(rank, world_size)
         self._options = options or StreamOptions()
         self._token = token
         if endpoint is None and isinstance(source, Manifest):

@@ -29,6 +29,7 @@ import torch.utils.data
 from . import _bridge, _resolver
 from ._exceptions import SourceError
 from ._options import StreamOptions
+from ._ranks import environment_rank
 from ._resolver import Manifest
 from ._stream import stream
 from .formats import lerobot
@@ -42,10 +43,7 @@ def distributed_rank() -> tuple[int, int]:
     """(rank, world size) from torch.distributed when initialised, else RANK/WORLD_SIZE."""
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         return torch.distributed.get_rank(), torch.distributed.get_world_size()
-    rank, world = os.environ.get("RANK"), os.environ.get("WORLD_SIZE")
-    if rank is not None and world is not None:
-        return int(rank), int(world)
-    return 0, 1
+    return environment_rank() or (0, 1)
 
 
 class _Resumable(Protocol):

@@ -40,6 +40,7 @@ from . import _bridge
 from ._exceptions import SourceError
 from ._fetcher import RangeFetcher
 from ._options import StreamOptions
+from ._ranks import environment_rank
 from ._resolver import FileRef, Manifest, Resolver
 from ._sources import HubSource, parse_sources
 from ._stream import Output, Stream
@@ -437,10 +438,7 @@ class ShardSource:
 
 def _consumer() -> tuple[int, int]:
     """(rank x DataLoader worker, world size x workers), from torch when it is installed."""
-    rank, world = 0, 1
-    env_rank, env_world = os.environ.get("RANK"), os.environ.get("WORLD_SIZE")
-    if env_rank is not None and env_world is not None:
-        rank, world = int(env_rank), int(env_world)
+    rank, world = environment_rank() or (0, 1)
     try:
         import torch.distributed
         import torch.utils.data

@@ -110,6 +110,7 @@ from .._exceptions import (
 from .._fetcher import RangeFetcher
 from .._options import StreamOptions
 from .._prefetch import Job, Prefetcher
+from .._ranks import rank_and_world
 from .._resolver import FileRef, Resolver
 from .._sources import HubSource, has_glob, parse_sources
 from . import ByteSource
@@ -275,23 +276,6 @@ def stream(
     )
 
 
-def _rank_and_world(rank: int | None, world_size: int | None) -> tuple[int, int]:
-    if rank is None and world_size is None:
-        env_rank, env_world = os.environ.get("RANK"), os.environ.get("WORLD_SIZE")
-        if env_rank is not None and env_world is not None:
-            rank, world_size = int(env_rank), int(env_world)
-    if rank is None and world_size is None:
-        return 0, 1
-    if rank is None or world_size is None:
-        raise SourceError(f"rank={rank!r}, world_size={world_size!r}: give both or neither")
-    if world_size < 1 or not 0 <= rank < world_size:
-        raise SourceError(
-            f"rank={rank!r}, world_size={world_size!r}: need world_size >= 1 and "
-            "0 <= rank < world_size"
-        )
-    return rank, world_size
-
-
 def _parse_repo(repo: object) -> HubSource | Path:
     if isinstance(repo, str) and repo.startswith("hf://"):
         sources = parse_sources(repo)
@@ -413,7 +397,7 @@ class LeRobotStream:
         self._split = split
         self._shuffle_buffer = buffer
         self._seed = seed
-        self._rank, self._world_size = _rank_and_world(rank, world_size)
+        self._rank, self._world_size = rank_and_world(rank, world_size)
         self._batch_items = batch_items
         self._max_open = max_open_videos
         self._options = options or StreamOptions()
