@@ -27,9 +27,10 @@ from anyio.abc import TaskGroup
 
 from ._exceptions import ClosedResourceError, SourceError
 
-__all__ = ["Job", "PrefetchStatistics", "Prefetcher"]
+__all__ = ["Background", "Job", "PrefetchStatistics", "Prefetcher"]
 
 T = TypeVar("T")
+_B = TypeVar("_B", bound="Background")
 
 
 @dataclass(frozen=True)
@@ -61,7 +62,39 @@ class _Slot(Generic[T]):
         self.error: BaseException | None = None
 
 
-class Prefetcher(Generic[T]):
+class Background:
+    """Runs ``_produce`` in a task group of its own from ``async with`` until the exit,
+    which cancels it: the consumer is gone. Once only. The consumer's own error (or
+    GeneratorExit) leaves as it is, not in an ExceptionGroup: the tasks raise nothing
+    else (their errors reach the consumer as results)."""
+
+    _tg: TaskGroup | None = None
+    _closed: bool = False
+
+    async def _produce(self) -> None:
+        raise NotImplementedError
+
+    async def __aenter__(self: _B) -> _B:
+        if self._closed or self._tg is not None:
+            raise ClosedResourceError(f"a {type(self).__name__} runs once: create a new one")
+        self._tg = anyio.create_task_group()
+        await self._tg.__aenter__()
+        self._tg.start_soon(self._produce)
+        return self
+
+    async def __aexit__(
+        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> bool | None:
+        assert self._tg is not None
+        self._closed = True
+        self._tg.cancel_scope.cancel()
+        if e is None or isinstance(e, anyio.get_cancelled_exc_class()):
+            return await self._tg.__aexit__(et, e, tb)
+        await self._tg.__aexit__(None, None, None)
+        return None
+
+
+class Prefetcher(Background, Generic[T]):
     """Runs jobs ahead of the consumer, in order, within a count and a byte budget."""
 
     def __init__(self, jobs: AsyncIterable[Job[T]], *, max_count: int, max_bytes: int) -> None:
@@ -78,8 +111,6 @@ class Prefetcher(Generic[T]):
         self._more = anyio.Event()  # set when a slot is added or the jobs end
         self._jobs_done = False
         self._jobs_error: Exception | None = None
-        self._tg: TaskGroup | None = None
-        self._closed = False
         self._started = self._delivered = 0
         self._max_held = self._max_held_bytes = 0
 
@@ -94,27 +125,6 @@ class Prefetcher(Generic[T]):
             max_count=self._max_count,
             max_bytes=self._max_bytes,
         )
-
-    async def __aenter__(self) -> Prefetcher[T]:
-        if self._closed or self._tg is not None:
-            raise ClosedResourceError("a Prefetcher runs once: create a new one")
-        self._tg = anyio.create_task_group()
-        await self._tg.__aenter__()
-        self._tg.start_soon(self._produce)
-        return self
-
-    async def __aexit__(
-        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
-    ) -> bool | None:
-        assert self._tg is not None
-        self._closed = True
-        self._tg.cancel_scope.cancel()  # stop readahead: the consumer is gone
-        if e is None or isinstance(e, anyio.get_cancelled_exc_class()):
-            return await self._tg.__aexit__(et, e, tb)
-        # The consumer's own error (or GeneratorExit) propagates as it is, not
-        # wrapped in an ExceptionGroup: our tasks never raise anything else.
-        await self._tg.__aexit__(None, None, None)
-        return None
 
     def _fits(self, cost: int) -> bool:
         if not self._slots:

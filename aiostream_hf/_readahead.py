@@ -31,14 +31,12 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable
 from functools import partial
-from types import TracebackType
 from typing import Generic, TypeVar
 
 import anyio
-from anyio.abc import TaskGroup
 
 from ._exceptions import ClosedResourceError, SourceError
-from ._prefetch import PrefetchStatistics
+from ._prefetch import Background, PrefetchStatistics
 
 __all__ = ["Emit", "Lane", "LaneReadahead"]
 
@@ -57,7 +55,7 @@ class _LaneState(Generic[T]):
         self.error: BaseException | None = None
 
 
-class LaneReadahead(Generic[T]):
+class LaneReadahead(Background, Generic[T]):
     """Runs lanes ahead of the consumer, in order, within count and byte budgets."""
 
     def __init__(
@@ -84,8 +82,6 @@ class LaneReadahead(Generic[T]):
         self._changed = anyio.Event()  # replaced, then set, on every change of state
         self._sources_done = False
         self._sources_error: Exception | None = None
-        self._tg: TaskGroup | None = None
-        self._closed = False
         self._started = self._delivered = 0
         self._max_held = self._max_held_bytes = 0
 
@@ -101,29 +97,6 @@ class LaneReadahead(Generic[T]):
             max_count=self._max_lanes,
             max_bytes=self._max_bytes,
         )
-
-    # -- lifecycle ---------------------------------------------------------------------------
-
-    async def __aenter__(self) -> LaneReadahead[T]:
-        if self._closed or self._tg is not None:
-            raise ClosedResourceError("a LaneReadahead runs once: create a new one")
-        self._tg = anyio.create_task_group()
-        await self._tg.__aenter__()
-        self._tg.start_soon(self._produce)
-        return self
-
-    async def __aexit__(
-        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
-    ) -> bool | None:
-        assert self._tg is not None
-        self._closed = True
-        self._tg.cancel_scope.cancel()  # stop the lanes: the consumer is gone
-        if e is None or isinstance(e, anyio.get_cancelled_exc_class()):
-            return await self._tg.__aexit__(et, e, tb)
-        # The consumer's own error (or GeneratorExit) propagates as it is: our
-        # tasks never raise anything but cancellation.
-        await self._tg.__aexit__(None, None, None)
-        return None
 
     # -- coordination (plain synchronous state) ----------------------------------------------
 
