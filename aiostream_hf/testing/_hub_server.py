@@ -188,11 +188,12 @@ class HubServer:
             "tree_page_size_expand": self._tree_pages[1],
             "cdn_url_ttl_s": self._cdn_url_ttl_s,
             "lfs_threshold": self._lfs_threshold,
+            "exit_with_parent": True,
         }
         self._process = proc = sp.Popen(
             [sys.executable, "-m", "aiostream_hf.testing._hub_main", json.dumps(config)],
             stdout=sp.PIPE,
-            stdin=sp.DEVNULL,
+            stdin=sp.PIPE,  # the child exits when this closes: when this process is gone
             text=True,
         )
         assert proc.stdout is not None
@@ -218,8 +219,9 @@ class HubServer:
             except sp.TimeoutExpired:
                 self._process.kill()
                 self._process.wait()
-            if self._process.stdout is not None:
-                self._process.stdout.close()
+            for pipe in (self._process.stdin, self._process.stdout):
+                if pipe is not None:
+                    pipe.close()
 
     def __enter__(self) -> HubServer:
         self.start()
@@ -299,6 +301,16 @@ class HubServer:
         )
 
 
+def _wait_for_eof(stop: threading.Event) -> None:
+    """Set ``stop`` when stdin ends: the parent that holds its other end has gone
+    (even killed, with no chance to terminate this child)."""
+    try:
+        while sys.stdin.buffer.read(4096):
+            pass
+    finally:
+        stop.set()
+
+
 def serve_forever(config: Mapping[str, Any], *, ready: Any = None) -> None:
     """Run a server from a JSON-able config until interrupted; print a ready line."""
     server = HubServer(
@@ -323,6 +335,8 @@ def serve_forever(config: Mapping[str, Any], *, ready: Any = None) -> None:
             import signal
 
             signal.signal(signal.SIGTERM, lambda *_: stop.set())
+            if config.get("exit_with_parent"):
+                threading.Thread(target=_wait_for_eof, args=(stop,), daemon=True).start()
             stop.wait()
         except KeyboardInterrupt:
             pass

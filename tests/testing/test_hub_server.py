@@ -445,6 +445,45 @@ def test_subprocess_mode_and_stats_endpoint(root: Path, blob_repo: bytes) -> Non
     assert stats.faults["latency"] == 1
 
 
+def test_a_subprocess_server_exits_when_its_parent_is_killed(root: Path, blob_repo: bytes) -> None:
+    # A parent killed with SIGKILL cannot terminate its server: the server sees its
+    # stdin close and exits by itself, leaving no orphan bound to its ports.
+    import os
+    import signal
+    import time
+
+    script = (
+        "import sys\n"
+        "from aiostream_hf.testing import HubServer\n"
+        "hub = HubServer(sys.argv[1], subprocess=True)\n"
+        "hub.start()\n"
+        "print(hub._process.pid, hub.endpoint, flush=True)\n"
+        "sys.stdin.read()\n"
+    )
+    with subprocess.Popen(
+        [sys.executable, "-c", script, str(root)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    ) as parent:
+        assert parent.stdout is not None
+        pid_text, endpoint = parent.stdout.readline().split()
+        child = int(pid_text)
+        assert httpx2.get(f"{endpoint}/api/datasets/org/blobs").status_code == 200
+        parent.send_signal(signal.SIGKILL)
+        parent.wait()
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        try:
+            os.kill(child, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.05)
+    else:
+        os.kill(child, signal.SIGKILL)
+        raise AssertionError("the server outlived its killed parent")
+
+
 def test_command_line_serves_until_terminated(root: Path, blob_repo: bytes) -> None:
     args = [
         sys.executable,
