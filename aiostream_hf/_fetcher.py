@@ -42,9 +42,11 @@ How a read travels:
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import random
 import re
+import ssl
 import time
 import urllib.parse
 import urllib.request
@@ -184,6 +186,7 @@ class RangeFetcher:
         n = self.options.max_concurrency
         self._client = httpx2.AsyncClient(
             transport=transport,
+            verify=_tls_context(),
             follow_redirects=False,
             timeout=httpx2.Timeout(self.options.timeout),
             limits=httpx2.Limits(max_connections=n, max_keepalive_connections=n),
@@ -1340,6 +1343,13 @@ def _assemble(
             j += 1
         out.append(pieces[0] if len(pieces) == 1 else b"".join(pieces))
     return out
+
+
+@functools.lru_cache(maxsize=1)
+def _tls_context() -> ssl.SSLContext:
+    """httpx2's default TLS context, made once per process: making one reads the CA
+    bundle, ~20 ms, which every fetcher (every stream, every video) would pay again."""
+    return httpx2.create_ssl_context()
 
 
 def _copy_error(exc: FetchError) -> FetchError:

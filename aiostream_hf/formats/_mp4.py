@@ -1,10 +1,10 @@
 """The I/O-free MP4 (ISO-BMFF) core: find ``moov``, parse a video track's sample table.
 
 Nothing here reads a file. The async layer (``aiostream_hf.formats.video``) reads
-the head of a file, walks the top-level boxes with ``read_box_header`` and jumps
-from box to box until it holds the whole ``moov``::
+the head and the tail of a file at once, walks the top-level boxes with
+``read_box_header`` and jumps from box to box until it holds the whole ``moov``::
 
-    head = await fetch(0, HEAD_READ_SIZE)
+    head, tail = await fetch([(0, HEAD_READ_SIZE), (size - TAIL_READ_SIZE, size)])
     pos = 0
     while pos < size:
         box = read_box_header(bytes_at(pos, 16), pos, size, name)  # one read per hop, at most
@@ -14,7 +14,8 @@ from box to box until it holds the whole ``moov``::
         pos = box.end
 
 In the usual moov-at-end file (``ftyp``, ``mdat``, ``moov``) the head holds the
-``mdat`` header, whose size says where ``moov`` starts: one more read.
+``mdat`` header, whose size says where ``moov`` starts, and the tail holds ``moov``
+(a larger one takes one more read); a faststart file has ``moov`` in its head.
 
 ``parse_moov`` returns a ``SampleTable`` (one row per sample, in decode order) for
 the first video track, or ``NoIndex`` when the file has no index that this module
@@ -42,6 +43,7 @@ __all__ = [
     "BOX_HEADER_MAX",
     "CODECS",
     "HEAD_READ_SIZE",
+    "TAIL_READ_SIZE",
     "BoxHeader",
     "NoIndex",
     "SampleTable",
@@ -52,6 +54,9 @@ __all__ = [
 
 HEAD_READ_SIZE = 64 * 1024
 """Bytes read from the start of a file first, and at each hop towards ``moov``."""
+
+TAIL_READ_SIZE = 1024 * 1024
+"""Bytes read from the end of a file, with the head, at most: where ``moov`` usually is."""
 
 BOX_HEADER_MAX = 16
 """Bytes that always hold a box header (size, type, 64-bit largesize)."""

@@ -5,14 +5,17 @@
     async with video.open("https://.../episode_000.mp4") as reader:
         frames = await reader.frames_at([0.0, 0.5, 1.0])   # Frames(data T x H x W x 3, pts)
 
-Opening reads the MP4 index (``moov``) with one or two range reads, wherever it
-lies: the head of the file is read first, and when ``moov`` is not in it, the box
+Opening reads the MP4 index (``moov``) in one round trip when it lies at either
+end of the file: the head and the tail are read at once (without a known size,
+the tail is a suffix read that tells it); when ``moov`` is in neither, the box
 sizes lead straight to it (``_mp4``). ``frames_at`` then maps every timestamp to
-the nearest frame, each frame to the keyframe it is decoded from, fetches the
-bytes of those samples in ONE ``read_ranges`` call (adjacent samples merged into
-one range) and decodes them with PyAV in a worker thread, without a demuxer:
-``av.CodecContext`` is fed the samples as packets, with the codec configuration
-box of the sample description as extradata.
+the nearest frame, each frame to the keyframe it is decoded from, and fetches the
+bytes of those samples in ONE round trip (one ``read_ranges`` call per group of
+nearby GOPs, all at once; adjacent samples merged into one range). Each run of
+samples from a keyframe decodes with PyAV in a worker thread as soon as its bytes
+are in, in parallel with the others (one thread per core for the process),
+without a demuxer: ``av.CodecContext`` is fed the samples as packets, with the
+codec configuration box of the sample description as extradata.
 
 Timestamps are FFmpeg's: ``Frames.pts`` equals the ``frame.time`` PyAV gives when
 it decodes the file (edit lists included), and the pixels are the same.
@@ -28,32 +31,42 @@ on the bytes in memory: correct, not minimal.
 
 from __future__ import annotations
 
+import heapq
 import io
 import os
 import urllib.parse
 import urllib.request
-from collections import OrderedDict
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections import OrderedDict, deque
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypeAlias, cast
 
 import anyio
+import anyio.abc
 import anyio.to_thread
 import av
 import numpy as np
 import numpy.typing as npt
+from anyio.lowlevel import RunVar
 from av.video.codeccontext import VideoCodecContext
 from av.video.frame import VideoFrame
 
-from .._exceptions import ClosedResourceError, DecodeError, FrameTimestampError, SourceError
+from .._exceptions import (
+    ClosedResourceError,
+    DecodeError,
+    FetchError,
+    FrameTimestampError,
+    SourceError,
+)
 from .._resolver import FileRef
 from . import ByteSource
 from ._mp4 import (
     BOX_HEADER_MAX,
     HEAD_READ_SIZE,
+    TAIL_READ_SIZE,
     NoIndex,
     SampleTable,
     container_kind,
@@ -65,6 +78,7 @@ if TYPE_CHECKING:
     from .._options import StreamOptions
 
 _VIDEO_COALESCE_GAP = 64 * 1024
+_HOP_REACH = 16 * 1024 * 1024  # a read towards moov goes on to the tail read when this near
 
 __all__ = ["Frames", "VideoReader", "VideoSource", "VideoStatistics", "open"]
 
@@ -107,9 +121,10 @@ class VideoStatistics:
 
     indexed: True when frames are fetched from the MP4 index; False when the file
         had no usable index and was read whole (``fallback_reason`` says why).
-    index_requests / index_bytes: reads (and their bytes) made by ``open`` to find and
+    index_requests / index_bytes: ranges (and their bytes) read by ``open`` to find and
         read the index, or the whole file without one.
-    frame_requests / frame_bytes: ``read_ranges`` calls (and bytes) for frame samples.
+    frame_requests / frame_bytes: ``read_ranges`` calls (and bytes) for frame samples:
+        one per group of nearby GOPs of a call, all sent at once.
     packets_decoded: samples fed to the decoder.
     decoder_starts: decodes started afresh at a keyframe.
     decoder_reuses: decodes that continued the decoder state of the call before.
@@ -281,8 +296,8 @@ class VideoReader:
 
         Raises ``FrameTimestampError`` naming the file, the timestamp and the nearest
         frame's pts when that frame is more than ``tolerance_s`` away, and for a
-        timestamp outside ``[0, duration]``. Fetches the needed samples in one
-        ``read_ranges`` call.
+        timestamp outside ``[0, duration]``. Fetches the needed samples in one round
+        trip and decodes the GOPs they lie in in parallel.
         """
         index = self._opened()
         wanted = np.asarray(timestamps, dtype=np.float64)
@@ -325,25 +340,96 @@ class VideoReader:
         return Frames(data, index.shown_s[positions])
 
     async def _decode_indexed(self, index: _Indexed, positions: list[int]) -> dict[int, Array]:
+        """Fetch and decode the runs that output ``positions``.
+
+        Every group of nearby runs is fetched with one ``read_ranges`` call, all groups at
+        once (one round trip). Runs decode in worker threads as soon as their bytes are in,
+        in parallel (at most one thread per core for the whole process), the longest of
+        those ready first, so that a long run does not start last.
+        """
+        table = index.table
         samples = [int(index.shown_samples[p]) for p in positions]
-        runs = index.plan([s for s in samples if int(index.table.cts[s]) not in index.recent])
-        ranges = _byte_ranges(index.table, runs)
-        buffers: list[bytes] = []
-        if ranges:
-            assert self._source is not None
-            buffers = await self._source.read_ranges(self.file, ranges)
-            self._count("frame_requests", 1)
-            self._count("frame_bytes", sum(len(b) for b in buffers))
-        for (start, end), buf in zip(ranges, buffers, strict=True):
-            if len(buf) != end - start:
-                raise DecodeError(
-                    f"{self.file.path}: asked for bytes {start}-{end - 1}, got {len(buf)} bytes"
-                )
-        chunks = _sample_views(index.table, ranges, buffers, runs)
-        outcome = await anyio.to_thread.run_sync(index.decode, runs, chunks, samples)
-        for name, value in outcome.counts.items():
-            self._count(name, value)
-        return {p: outcome.images[s] for p, s in zip(positions, samples, strict=True)}
+        recent = index.recent
+        hits = {s: recent[int(table.cts[s])] for s in samples if int(table.cts[s]) in recent}
+        runs = index.plan([s for s in samples if s not in hits])
+        state, index.state = index.state, None  # dropped if anything below fails
+        results: list[_RunResult | None] = [None] * len(runs)
+        images: dict[int, Array] = {}
+        failures: list[Exception] = []
+        limiter = _decode_limiter()
+        source = self._source
+        assert source is not None
+        # Runs whose bytes are in, longest first; one token in the stream per run pushed.
+        ready: list[tuple[int, int, Mapping[int, memoryview]]] = []
+        send, receive = anyio.create_memory_object_stream[None](max(1, len(runs)))
+
+        async def convert() -> None:
+            images.update(await anyio.to_thread.run_sync(_to_rgb, hits, limiter=limiter))
+
+        async def fetch(group: list[int]) -> None:
+            members = [runs[i] for i in group]
+            ranges = _byte_ranges(table, members)
+            buffers = await source.read_ranges(self.file, ranges) if ranges else []
+            if ranges:
+                self._count("frame_requests", 1)
+                self._count("frame_bytes", sum(len(b) for b in buffers))
+            for (start, end), buf in zip(ranges, buffers, strict=True):
+                if len(buf) != end - start:
+                    raise DecodeError(
+                        f"{self.file.path}: asked for bytes {start}-{end - 1}, got {len(buf)} bytes"
+                    )
+            chunks = _sample_views(table, ranges, buffers, members)
+            for i in group:
+                heapq.heappush(ready, (runs[i].start - runs[i].end, i, chunks))
+                send.send_nowait(None)
+
+        async def fetch_all() -> None:
+            async with send, anyio.create_task_group() as fetches:
+                for group in _fetch_groups(table, runs, _coalesce_gap(source)):
+                    fetches.start_soon(guarded, fetch, group)
+
+        threads = 1 if len(runs) > 1 else 0  # parallel runs: one thread per decoder
+
+        async def decode(tokens: anyio.abc.ObjectReceiveStream[None]) -> None:
+            async with tokens:
+                async for _ in tokens:
+                    _, i, chunks = heapq.heappop(ready)
+                    run = runs[i]
+                    results[i] = await anyio.to_thread.run_sync(
+                        index.decode_run,
+                        run,
+                        state if run.reuse else None,
+                        chunks,
+                        threads,
+                        limiter=limiter,
+                    )
+
+        async def guarded(work: Callable[..., Awaitable[None]], *args: Any) -> None:
+            try:
+                await work(*args)
+            except Exception as exc:  # re-raised below, as it was raised
+                failures.append(exc)
+                tg.cancel_scope.cancel()  # the other runs are no use now
+
+        async with anyio.create_task_group() as tg, receive:
+            if hits:
+                tg.start_soon(guarded, convert)
+            tg.start_soon(guarded, fetch_all)
+            for _ in range(min(_cores(), len(runs))):
+                tg.start_soon(guarded, decode, receive.clone())
+        if failures:
+            raise failures[0]
+        done = [r for r in results if r is not None]
+        assert len(done) == len(runs)
+        if runs:
+            index.merge(done)
+        else:
+            index.state = state
+        for result in done:
+            images.update(result.images)
+            for name, value in result.counts.items():
+                self._count(name, value)
+        return {p: images[s] for p, s in zip(positions, samples, strict=True)}
 
     def _count(self, name: str, n: int) -> None:
         self._stats[name] = self._stats.get(name, 0) + n
@@ -392,46 +478,148 @@ class _Reads:
         self.source = source
         self.size = size
         self.stats = stats
-        self.buffers: list[tuple[int, bytes]] = []
+        self.buffers: list[tuple[int, bytes]] = []  # sorted by offset
 
     def add(self, start: int, data: bytes) -> None:
         self.buffers.append((start, data))
+        self.buffers.sort(key=lambda b: b[0])
 
-    async def get(self, start: int, end: int) -> bytes:
-        """Bytes ``[start, end)``; a miss reads at least ``HEAD_READ_SIZE`` bytes from start."""
+    async def get(self, start: int, end: int, *, hop: bool = False) -> bytes:
+        """Bytes ``[start, end)``, reading (in one round trip) what is not held yet.
+
+        ``hop``: the bytes are a box header on the way to ``moov``; a missing piece is then
+        read up to the next bytes held when they are near (a ``moov`` that begins before
+        the tail read reaches into it), else ``HEAD_READ_SIZE`` bytes (the next hop may
+        need them).
+        """
         end = min(end, self.size)
-        prefix = b""
-        read_from = start
+        wanted: list[tuple[int, int]] = []
+        for lo, hi in self._holes(start, end):
+            if hop:
+                after = [offset for offset, _ in self.buffers if offset >= hi]
+                if after and after[0] - lo <= _HOP_REACH:
+                    hi = after[0]
+                else:
+                    hi = min(self.size, max(hi, lo + HEAD_READ_SIZE))
+            wanted.append((lo, hi))
+        if wanted:
+            buffers = await self.source.read_ranges(self.file, wanted)
+            for (lo, hi), data in zip(wanted, buffers, strict=True):
+                _count_index_read(self.stats, data)
+                if len(data) != hi - lo:
+                    raise DecodeError(
+                        f"{self.file.path}: asked for bytes {lo}-{hi - 1}, got {len(data)}"
+                    )
+                self.add(lo, data)
+        pieces: list[bytes] = []
+        pos = start
         for offset, data in self.buffers:
-            if offset <= start and end <= offset + len(data):
-                return data[start - offset : end - offset]
-            if offset <= start < offset + len(data) and offset + len(data) > read_from:
-                prefix, read_from = data[start - offset :], offset + len(data)
-        read_to = min(self.size, max(end, read_from + HEAD_READ_SIZE))
-        (data,) = await self.source.read_ranges(self.file, [(read_from, read_to)])
-        self.stats["index_requests"] = self.stats.get("index_requests", 0) + 1
-        self.stats["index_bytes"] = self.stats.get("index_bytes", 0) + len(data)
-        if len(data) != read_to - read_from:
-            raise DecodeError(
-                f"{self.file.path}: asked for bytes {read_from}-{read_to - 1}, got {len(data)}"
-            )
-        self.add(read_from, data)
-        return prefix + data[: end - read_from]
+            if offset <= pos < offset + len(data):
+                pieces.append(data[pos - offset : end - offset])
+                pos = min(end, offset + len(data))
+                if pos >= end:
+                    break
+        return b"".join(pieces)
+
+    def _holes(self, start: int, end: int) -> list[tuple[int, int]]:
+        """The parts of ``[start, end)`` that no buffer holds."""
+        holes: list[tuple[int, int]] = []
+        pos = start
+        for offset, data in self.buffers:
+            if pos >= end:
+                break
+            if offset + len(data) <= pos:
+                continue
+            if offset > pos:
+                holes.append((pos, min(offset, end)))
+            pos = max(pos, offset + len(data))
+        if pos < end:
+            holes.append((pos, end))
+        return holes
+
+
+def _count_index_read(stats: dict[str, Any], data: bytes) -> None:
+    stats["index_requests"] = stats.get("index_requests", 0) + 1
+    stats["index_bytes"] = stats.get("index_bytes", 0) + len(data)
+
+
+def _tail_size(size: int | None) -> int:
+    """Bytes read from the end of a file at open: ``moov`` is there in most files, and its
+    size grows with the file's duration, as the file's size does."""
+    if size is None:
+        return TAIL_READ_SIZE
+    return min(TAIL_READ_SIZE, max(HEAD_READ_SIZE, size // 16))
+
+
+async def _read_ends(file: FileRef, source: ByteSource, stats: dict[str, Any]) -> _Reads:
+    """The head and the tail of the file, read at once: one round trip.
+
+    Without the size, the tail is a suffix read (its answer tells the size) and the head
+    a plain read sent with it; when the file turns out shorter than the head read, that
+    read may fail, and the tail holds the whole file.
+    """
+    size = file.size
+    if size is not None:
+        if size == 0:
+            raise DecodeError(f"{file.path} is not a video file: it is empty")
+        head_end = min(size, HEAD_READ_SIZE)
+        tail_start = max(0, size - _tail_size(size))
+        if tail_start - head_end < _VIDEO_COALESCE_GAP:
+            ranges = [(0, size)]
+        else:
+            ranges = [(0, head_end), (tail_start, size)]
+        buffers = await source.read_ranges(file, ranges)
+        reads = _Reads(file, source, size, stats)
+        for (start, end), data in zip(ranges, buffers, strict=True):
+            _count_index_read(stats, data)
+            if len(data) != end - start:
+                raise DecodeError(
+                    f"{file.path}: asked for bytes {start}-{end - 1}, got {len(data)} bytes"
+                )
+            reads.add(start, data)
+        return reads
+
+    tail: list[tuple[bytes, int]] = []
+    head: list[bytes] = []
+    head_failure: list[FetchError] = []
+    tail_failure: list[Exception] = []
+
+    async def read_tail() -> None:
+        try:
+            tail.append(await source.read_tail(file, TAIL_READ_SIZE))
+        except Exception as exc:  # re-raised below, as it was raised
+            tail_failure.append(exc)
+            tg.cancel_scope.cancel()  # the head is no use alone
+
+    async def read_head() -> None:
+        try:
+            head.append((await source.read_ranges(file, [(0, HEAD_READ_SIZE)]))[0])
+        except FetchError as exc:  # a file shorter than the head read: the tail has it all
+            head_failure.append(exc)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(read_tail)
+        tg.start_soon(read_head)
+    if tail_failure:
+        raise tail_failure[0]
+    data, size = tail[0]
+    _count_index_read(stats, data)
+    if size == 0:
+        raise DecodeError(f"{file.path} is not a video file: it is empty")
+    reads = _Reads(file, source, size, stats)
+    reads.add(size - len(data), data)
+    if head:
+        _count_index_read(stats, head[0])
+        if len(head[0]) == min(size, HEAD_READ_SIZE):
+            reads.add(0, head[0])
+    elif len(data) < size:  # the head read failed, and it was needed
+        raise head_failure[0]
+    return reads
 
 
 async def _load(file: FileRef, source: ByteSource, stats: dict[str, Any]) -> _Indexed | _Demuxed:
     name = file.path
-    size = file.size
-    tail: bytes | None = None
-    if size is None:  # the tail read tells the size, and holds a moov at the end
-        tail, size = await source.read_tail(file, HEAD_READ_SIZE)
-        stats["index_requests"] = stats.get("index_requests", 0) + 1
-        stats["index_bytes"] = stats.get("index_bytes", 0) + len(tail)
-    if size == 0:
-        raise DecodeError(f"{name} is not a video file: it is empty")
-    reads = _Reads(file, source, size, stats)
-    if tail is not None:
-        reads.add(size - len(tail), tail)
+    reads = await _read_ends(file, source, stats)
     head = await reads.get(0, HEAD_READ_SIZE)
     kind = container_kind(head[:256])
     if kind is None:
@@ -446,14 +634,15 @@ async def _load(file: FileRef, source: ByteSource, stats: dict[str, Any]) -> _In
         found = NoIndex(f"a {kind} file (only MP4 has an index read by range)")
     if isinstance(found, SampleTable):
         return await anyio.to_thread.run_sync(_Indexed, found)
-    data = await reads.get(0, size)
+    data = await reads.get(0, reads.size)
     return await anyio.to_thread.run_sync(_Demuxed, data, found, name)
 
 
 async def _find_moov(reads: _Reads, name: str) -> SampleTable | NoIndex:
     pos = 0
     while pos < reads.size:
-        box = read_box_header(await reads.get(pos, pos + BOX_HEADER_MAX), pos, reads.size, name)
+        header = await reads.get(pos, pos + BOX_HEADER_MAX, hop=True)
+        box = read_box_header(header, pos, reads.size, name)
         if box.type == "moov":
             moov = await reads.get(box.start, box.end)
             return await anyio.to_thread.run_sync(parse_moov, moov, name)
@@ -519,9 +708,16 @@ class _State:
 
 
 @dataclass
-class _Outcome:
+class _RunResult:
+    """What decoding one run gave: the frames of its targets (by sample), the last frames
+    the decoder output (cts, frame), counts, the decoder state to keep (None once drained)
+    and the decoder's reorder depth."""
+
     images: dict[int, Array]
-    counts: dict[str, int] = field(default_factory=dict)
+    recent: deque[tuple[int, VideoFrame]]
+    counts: dict[str, int]
+    state: _State | None
+    depth: int
 
 
 class _Indexed:
@@ -592,12 +788,16 @@ class _Indexed:
         return end
 
     def plan(self, samples: list[int]) -> list[_Run]:
-        """The decoder runs that output ``samples``: one per group of nearby GOPs.
+        """The decoder runs that output ``samples``: one per group of adjacent GOPs, in file
+        order.
 
-        Each run feeds the samples from its keyframe to the last one needed, plus, when
-        they cost at most ``_MARGIN_BUDGET`` of that, the few after it that make the
-        decoder output the last target without being drained, so that its state can
-        serve the next call.
+        Each run feeds the samples from its keyframe to the last one needed; runs are
+        independent (each has its own decoder), so they decode in parallel. GOPs whose
+        samples touch share a run: one decoder goes on through them at no extra cost, and
+        tiny GOPs do not each pay for a decoder. The last run also feeds, when they cost
+        at most ``_MARGIN_BUDGET`` of its bytes, the few samples after its last target that
+        make the decoder output it without being drained, so that its state can serve the
+        next call (the state of the other runs is dropped).
         """
         cts = self.table.cts
         wanted = sorted(set(samples), key=lambda s: (self.keyframe_for(s), int(cts[s])))
@@ -612,7 +812,7 @@ class _Indexed:
                 groups.append((k, need, margin, [j]))
         runs: list[_Run] = []
         state = self.state
-        for key, need, margin, targets in groups:
+        for i, (key, need, margin, targets) in enumerate(groups):
             start, run_key, reuse = key, key, False
             if (
                 not runs
@@ -621,8 +821,11 @@ class _Indexed:
                 and (state.last_cts is None or min(int(cts[t]) for t in targets) > state.last_cts)
             ):  # the decoder of the last call has fed everything up to here: go on
                 start, run_key, reuse = state.next, state.key, True
-            extra = self._bytes(max(need + 1, start), margin)
-            end = margin if extra <= _MARGIN_BUDGET * self._bytes(key, need) else need
+            end = need
+            if i == len(groups) - 1:
+                extra = self._bytes(max(need + 1, start), margin)
+                if extra <= _MARGIN_BUDGET * self._bytes(key, need):
+                    end = margin
             runs.append(_Run(run_key, start, end, tuple(targets), reuse))
         return runs
 
@@ -630,83 +833,89 @@ class _Indexed:
         """The bytes of samples ``first`` to ``last`` (inclusive)."""
         return int(self.cumsize[last + 1] - self.cumsize[first]) if last >= first else 0
 
-    def decode(
-        self, runs: list[_Run], chunks: dict[int, memoryview], samples: list[int]
-    ) -> _Outcome:
-        """Feed each run's samples to a decoder; the frames of ``samples`` (worker thread)."""
-        state, self.state = self.state, None  # dropped if anything below fails
-        outcome = _Outcome({})
-        counts = outcome.counts
-        table = self.table
-        for sample in samples:
-            frame = self.recent.get(int(table.cts[sample]))
-            if frame is not None:
-                outcome.images[sample] = frame.to_ndarray(format="rgb24")
-        for run in runs:
-            if run.reuse and state is not None:
-                counts["decoder_reuses"] = counts.get("decoder_reuses", 0) + 1
-            else:
-                state = _State(self._new_context(), run.key, run.start, None)
-                counts["decoder_starts"] = counts.get("decoder_starts", 0) + 1
-            pending = {int(table.cts[t]): t for t in run.targets}
-            context = state.context
-            n = run.start
-            try:
-                while pending and n <= run.end:
-                    if table.size[n] == 0:  # an empty packet would drain the decoder
-                        n += 1
-                        continue
-                    packet = av.Packet(bytes(chunks[n]))
-                    packet.pts = int(table.cts[n])  # unique: tells the output frames apart
-                    packet.dts = int(table.cts[n] - table.pts[n] + table.dts[n])
-                    packet.time_base = self.time_base
-                    packet.is_keyframe = bool(table.is_key[n])
-                    n += 1
-                    counts["packets_decoded"] = counts.get("packets_decoded", 0) + 1
-                    self._keep(context.decode(packet), pending, outcome.images, state)
-                state.next = n
-                self.depth = max(self.depth, int(context.reorder_depth))
-                if pending:  # the decoder holds them back: drain it
-                    counts["flushes"] = counts.get("flushes", 0) + 1
-                    self._keep(context.decode(None), pending, outcome.images, state)
-                    state = None
-            except av.FFmpegError as exc:
-                raise DecodeError(
-                    f"{table.name}: cannot decode {table.codec} sample {n - 1} "
-                    f"(bytes {table.offset[n - 1]}-{table.offset[n - 1] + table.size[n - 1] - 1}) "
-                    f"with {self.decoder}: {exc}"
-                ) from exc
-            if pending:
-                missing = ", ".join(f"{c / table.timescale:.6f}s" for c in sorted(pending))
-                raise DecodeError(
-                    f"{table.name}: the {table.codec} decoder gave no frame for cts {missing}"
-                )
-        self.state = state
-        return outcome
+    def decode_run(
+        self, run: _Run, state: _State | None, chunks: Mapping[int, memoryview], threads: int = 0
+    ) -> _RunResult:
+        """Feed ``run``'s samples to a decoder (``state``'s when it continues it); the frames
+        of its targets (worker thread). Touches nothing shared: runs decode in parallel.
 
-    def _keep(
-        self,
-        frames: list[VideoFrame],
-        pending: dict[int, int],
-        images: dict[int, Array],
-        state: _State,
-    ) -> None:
+        ``threads``: the threads of a new decoder (0: FFmpeg's choice); 1 when runs
+        decode in parallel, which then keep the cores busy without oversubscribing them.
+        """
+        table = self.table
+        counts: dict[str, int] = {}
+        if run.reuse and state is not None:
+            counts["decoder_reuses"] = 1
+        else:
+            state = _State(self._new_context(threads), run.key, run.start, None)
+            counts["decoder_starts"] = 1
+        result = _RunResult({}, deque(maxlen=_RECENT), counts, state, 0)
+        pending = {int(table.cts[t]): t for t in run.targets}
+        context = state.context
+        n = run.start
+        try:
+            while pending and n <= run.end:
+                if table.size[n] == 0:  # an empty packet would drain the decoder
+                    n += 1
+                    continue
+                packet = av.Packet(bytes(chunks[n]))
+                packet.pts = int(table.cts[n])  # unique: tells the output frames apart
+                packet.dts = int(table.cts[n] - table.pts[n] + table.dts[n])
+                packet.time_base = self.time_base
+                packet.is_keyframe = bool(table.is_key[n])
+                n += 1
+                self._keep(context.decode(packet), pending, result)
+            counts["packets_decoded"] = (
+                n - run.start - int(np.count_nonzero(table.size[run.start : n] == 0))
+            )
+            state.next = n
+            result.depth = int(context.reorder_depth)
+            if pending:  # the decoder holds them back: drain it
+                counts["flushes"] = 1
+                self._keep(context.decode(None), pending, result)
+                result.state = None
+        except av.FFmpegError as exc:
+            raise DecodeError(
+                f"{table.name}: cannot decode {table.codec} sample {n - 1} "
+                f"(bytes {table.offset[n - 1]}-{table.offset[n - 1] + table.size[n - 1] - 1}) "
+                f"with {self.decoder}: {exc}"
+            ) from exc
+        if pending:
+            missing = ", ".join(f"{c / table.timescale:.6f}s" for c in sorted(pending))
+            raise DecodeError(
+                f"{table.name}: the {table.codec} decoder gave no frame for cts {missing}"
+            )
+        return result
+
+    def merge(self, results: Sequence[_RunResult]) -> None:
+        """Keep what the runs of one call leave for the next (event loop, after they ended):
+        the state of the last run, the last frames output and the reorder depth seen."""
+        for result in results:
+            self.depth = max(self.depth, result.depth)
+            for cts, frame in result.recent:
+                self.recent[cts] = frame
+                self.recent.move_to_end(cts)
+        while len(self.recent) > _RECENT:
+            self.recent.popitem(last=False)
+        if results:
+            self.state = results[-1].state
+
+    def _keep(self, frames: list[VideoFrame], pending: dict[int, int], result: _RunResult) -> None:
         for frame in frames:
             cts = frame.pts
             if cts is None:
                 raise DecodeError(f"{self.table.name}: the {self.decoder} decoder lost timestamps")
-            state.last_cts = int(cts)
-            self.recent[int(cts)] = frame
-            self.recent.move_to_end(int(cts))
-            if len(self.recent) > _RECENT:
-                self.recent.popitem(last=False)
+            assert result.state is not None
+            result.state.last_cts = int(cts)
+            result.recent.append((int(cts), frame))
             sample = pending.pop(int(cts), None)
             if sample is not None:
-                images[sample] = frame.to_ndarray(format="rgb24")
+                result.images[sample] = frame.to_ndarray(format="rgb24")
 
-    def _new_context(self) -> VideoCodecContext:
+    def _new_context(self, threads: int = 0) -> VideoCodecContext:
         try:
             context = cast(VideoCodecContext, av.CodecContext.create(self.decoder, "r"))
+            context.thread_count = threads  # slice threads at most: frames come out in order
             if self.table.extradata:
                 context.extradata = self.table.extradata
             context.options = dict(_DECODER_OPTIONS.get(self.decoder, {}))
@@ -716,7 +925,6 @@ class _Indexed:
                 f"{self.table.name}: cannot open the {self.decoder} decoder for its "
                 f"{self.table.codec} ({self.table.fourcc}) track: {exc}"
             ) from exc
-        self.depth = max(self.depth, int(context.reorder_depth))
         return context
 
 
@@ -733,6 +941,62 @@ def _decoder_for(codec: str, fourcc: str, name: str) -> str:
         f"{name}: cannot decode its {codec} ({fourcc}) video: this PyAV build has no "
         f"decoder for it (looked for {', '.join(candidates)})"
     )
+
+
+_decode_limiter_var: RunVar[anyio.CapacityLimiter] = RunVar("aiostream_hf.video.decode_limiter")
+
+
+def _decode_limiter() -> anyio.CapacityLimiter:
+    """The decode threads of this event loop, shared by every reader: one per core."""
+    try:
+        return _decode_limiter_var.get()
+    except LookupError:
+        limiter = anyio.CapacityLimiter(_cores())
+        _decode_limiter_var.set(limiter)
+        return limiter
+
+
+def _cores() -> int:
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not on Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def _to_rgb(frames: dict[int, VideoFrame]) -> dict[int, Array]:
+    return {s: frame.to_ndarray(format="rgb24") for s, frame in frames.items()}
+
+
+def _coalesce_gap(source: ByteSource) -> int:
+    """The gap under which ``source`` merges the ranges of one call into one request (a
+    RangeFetcher's ``options.coalesce_gap``); ``_VIDEO_COALESCE_GAP`` for other sources."""
+    gap = getattr(getattr(source, "options", None), "coalesce_gap", None)
+    return gap if isinstance(gap, int) else _VIDEO_COALESCE_GAP
+
+
+def _fetch_groups(table: SampleTable, runs: list[_Run], gap: int) -> list[list[int]]:
+    """The runs (by position) fetched with one ``read_ranges`` call: those whose bytes lie
+    closer than ``gap``, which one request serves anyway; the others apart, so that each
+    decodes as soon as its bytes are in. A run that feeds nothing has no bytes."""
+    spans: list[tuple[int, int, int]] = []  # first byte, end, run
+    empty: list[list[int]] = []
+    for i, run in enumerate(runs):
+        if run.start > run.end:
+            empty.append([i])
+            continue
+        offsets = table.offset[run.start : run.end + 1]
+        ends = offsets + table.size[run.start : run.end + 1]
+        spans.append((int(offsets.min()), int(ends.max()), i))
+    groups: list[list[int]] = []
+    last_end = 0
+    for start, end, i in sorted(spans):
+        if groups and start - last_end < gap:
+            groups[-1].append(i)
+            last_end = max(last_end, end)
+        else:
+            groups.append([i])
+            last_end = end
+    return [*groups, *empty]
 
 
 def _byte_ranges(table: SampleTable, runs: list[_Run]) -> list[tuple[int, int]]:

@@ -304,9 +304,13 @@ class HubServer:
 def _wait_for_eof(stop: threading.Event) -> None:
     """Set ``stop`` when stdin ends: the parent that holds its other end has gone
     (even killed, with no chance to terminate this child)."""
+    # The raw descriptor, not sys.stdin: a daemon thread blocked in a buffered read
+    # holds the buffer's lock, and the interpreter's exit would abort on it.
     try:
-        while sys.stdin.buffer.read(4096):
+        while os.read(0, 4096):
             pass
+    except OSError:
+        pass
     finally:
         stop.set()
 

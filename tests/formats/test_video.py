@@ -6,10 +6,11 @@ decoded in order, the one at the requested pts taken with
 ``to_ndarray(format="rgb24")``. Every frame the reader returns must be
 bit-identical, with the same pts.
 
-A local ``ByteSource`` serves the file and records every range asked for, so the
-tests also check the bytes: one ``read_ranges`` call per ``frames_at`` call, and at
-most 1.5x the bytes of the packets from each frame's keyframe to the last packet
-needed to output it (taken from PyAV's demuxer, not from the code under test).
+A local ``ByteSource`` serves the file and records every range asked for, and which
+reads had to wait for others (round trips), so the tests also check the bytes: one
+round trip per ``frames_at`` call, and at most 1.5x the bytes of the packets from
+each frame's keyframe to the last packet needed to output it (taken from PyAV's
+demuxer, not from the code under test).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import anyio.from_thread
 import anyio.lowlevel
 import av
 import numpy as np
@@ -31,6 +33,7 @@ from aiostream_hf._exceptions import (
     ClosedResourceError,
     DecodeError,
     FrameTimestampError,
+    RangeMismatchError,
     SourceError,
 )
 from aiostream_hf._resolver import FileRef
@@ -230,32 +233,57 @@ def videos(tmp_path_factory: pytest.TempPathFactory) -> Videos:
 
 
 class LocalSource:
-    """A ByteSource over one local file that records every read asked of it."""
+    """A ByteSource over one local file that records every read asked of it.
+
+    Each read is one round trip: a read that starts after another one ended (it may
+    have waited for it) is a round trip later. A read past the end of the file fails
+    as an HTTP server's answer would (a shorter range than asked).
+    """
 
     def __init__(self, path: Path) -> None:
         self.data = path.read_bytes()
         self.calls: list[tuple[str, list[tuple[int, int]]]] = []
+        self.trips: list[int] = []  # per call: the round trip it is in, from 1
+        self._ended: list[int] = []  # indices of the calls that have returned
 
     async def read_ranges(self, file: FileRef, ranges: Sequence[tuple[int, int]]) -> list[bytes]:
         ranges = list(ranges)
         for start, end in ranges:
-            assert 0 <= start < end <= len(self.data), (start, end)
+            assert 0 <= start < end, (start, end)
         assert ranges == sorted(ranges)
-        self.calls.append(("ranges", ranges))
+        call = self._begin("ranges", ranges)
         await anyio.lowlevel.checkpoint()
+        self._ended.append(call)
+        if ranges[-1][1] > len(self.data):
+            raise RangeMismatchError(
+                f"{file.url}: asked for bytes up to {ranges[-1][1] - 1}, got up to "
+                f"{len(self.data) - 1}",
+                url=file.url,
+            )
         return [self.data[start:end] for start, end in ranges]
 
     async def read_tail(self, file: FileRef, n: int) -> tuple[bytes, int]:
         start = max(0, len(self.data) - n)
-        self.calls.append(("tail", [(start, len(self.data))]))
+        call = self._begin("tail", [(start, len(self.data))])
         await anyio.lowlevel.checkpoint()
+        self._ended.append(call)
         return self.data[start:], len(self.data)
 
+    def _begin(self, kind: str, ranges: list[tuple[int, int]]) -> int:
+        self.calls.append((kind, ranges))
+        self.trips.append(1 + max((self.trips[i] for i in self._ended), default=0))
+        return len(self.calls) - 1
+
     def since(self, mark: int) -> tuple[int, int]:
-        """(read_ranges calls, bytes) since ``mark`` calls."""
+        """(round trips, bytes) of the read_ranges calls since ``mark`` calls."""
         calls = self.calls[mark:]
         assert all(kind == "ranges" for kind, _ in calls)
-        return len(calls), sum(end - start for _, ranges in calls for start, end in ranges)
+        return self.round_trips(mark), sum(e - s for _, ranges in calls for s, e in ranges)
+
+    def round_trips(self, mark: int = 0) -> int:
+        """Round trips of the calls since ``mark`` calls, one after the other."""
+        before = max(self.trips[:mark], default=0)
+        return max(self.trips[mark:], default=before) - before
 
 
 def nearest(times: Sequence[float], value: float) -> float:
@@ -299,11 +327,11 @@ async def test_frames_at_matches_pyav(videos: Videos, name: str) -> None:
             frames = await reader.frames_at(times)
             expected = [nearest(t, v) for v in times]
             assert_frames(oracle, frames, expected)
-            requests, nbytes = source.since(mark)
+            trips, nbytes = source.since(mark)
             if not SPECS[name].indexed:
-                assert requests == 0  # the whole file was read at open
+                assert len(source.calls) == mark  # the whole file was read at open
                 continue
-            assert requests <= 1, "one read_ranges call per frames_at call"
+            assert trips <= 1, "one round trip per frames_at call"
             if expected:
                 reference = oracle.reference_bytes(expected)
                 assert nbytes <= 1.5 * reference, (times, nbytes, reference)
@@ -324,31 +352,54 @@ async def test_metadata(videos: Videos, name: str) -> None:
         assert reader.duration == pytest.approx(oracle.times[-1] + 1 / 30, abs=2e-3)
         assert reader.codec == {"libdav1d": "av1"}.get(oracle.codec, oracle.codec)
         stats = reader.statistics()
+        assert source.round_trips() == 1  # head and tail at once: here, the whole file
+        assert source.calls == [("ranges", [(0, len(source.data))])]
         if stats.indexed:
-            assert stats.index_requests <= 2
-            assert source.calls[0] == ("ranges", [(0, min(len(source.data), 64 * 1024))])
+            assert stats.index_requests == 1
         else:
             assert stats.fallback_reason
             assert stats.index_bytes == len(source.data)
 
 
-async def test_fetches_only_the_index_then_the_frames(videos: Videos) -> None:
+async def test_fetches_only_the_index_then_the_frames(
+    videos: Videos, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Open reads the head and the tail in one round trip; a frame is then one more."""
+    monkeypatch.setattr(video, "HEAD_READ_SIZE", 4096)  # the test files are small
     oracle = videos["h264-gop250"]
     size = oracle.path.stat().st_size
-    assert size > _mp4.HEAD_READ_SIZE  # so that moov, at the end, is out of the head
+    tail = video._tail_size(size)
+    assert size > 4096 + tail + video._VIDEO_COALESCE_GAP  # so that head and tail are apart
     source = LocalSource(oracle.path)
     async with video.open(oracle.path, fetcher=source) as reader:
         stats = reader.statistics()
-        assert stats.index_requests == 2  # the head (ftyp, mdat header), then moov
-        moov_start = source.calls[1][1][0][0]
-        assert stats.index_bytes <= _mp4.HEAD_READ_SIZE + size - moov_start
+        assert source.calls == [("ranges", [(0, 4096), (size - tail, size)])]
+        assert source.round_trips() == 1
+        assert stats.index_requests == 2  # the head (ftyp, mdat header) and the tail (moov)
+        assert stats.index_bytes == 4096 + tail
+        mark = len(source.calls)
         frames = await reader.frames_at([oracle.times[100]])
         assert_frames(oracle, frames, [oracle.times[100]])
+        assert source.since(mark)[0] == 1
         assert reader.statistics().frame_bytes <= 1.5 * oracle.reference_bytes([oracle.times[100]])
 
+    monkeypatch.setattr(video, "_VIDEO_COALESCE_GAP", 0)  # head and tail apart here too
     path = videos["h264-gop25-faststart"].path
-    async with video.open(path, fetcher=LocalSource(path)) as reader:
-        assert reader.statistics().index_requests == 1  # moov comes first: the head holds it
+    source = LocalSource(path)
+    async with video.open(path, fetcher=source) as reader:
+        assert source.round_trips() == 1  # moov comes first: the head holds it
+        assert reader.statistics().index_requests == 2
+
+
+async def test_a_moov_larger_than_the_tail(videos: Videos, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(video, "HEAD_READ_SIZE", 1024)
+    monkeypatch.setattr(video, "TAIL_READ_SIZE", 1024)
+    oracle = videos["h264-gop250"]
+    source = LocalSource(oracle.path)
+    async with video.open(oracle.path, fetcher=source) as reader:
+        assert source.round_trips() == 2  # head and tail, then the rest of moov
+        assert reader.statistics().index_bytes < len(source.data) / 4
+        assert_frames(oracle, await reader.frames_at(oracle.times[::50]), oracle.times[::50])
 
 
 async def test_sequential_calls_continue_the_decoder(videos: Videos) -> None:
@@ -370,25 +421,124 @@ async def test_sequential_calls_continue_the_decoder(videos: Videos) -> None:
 async def test_small_head_reads(videos: Videos, monkeypatch: pytest.MonkeyPatch, head: int) -> None:
     """A moov larger than the first read, at the end or at the start, is read in pieces."""
     monkeypatch.setattr(video, "HEAD_READ_SIZE", head)
-    for name, most in [("h264-gop25-moov-end", 3), ("h264-gop25-faststart", 2)]:
+    monkeypatch.setattr(video, "TAIL_READ_SIZE", head)
+    monkeypatch.setattr(video, "_VIDEO_COALESCE_GAP", 0)
+    for name in ["h264-gop25-moov-end", "h264-gop25-faststart"]:
         oracle = videos[name]
         source = LocalSource(oracle.path)
         async with video.open(oracle.path, fetcher=source) as reader:
-            assert reader.statistics().index_requests <= most
+            assert source.round_trips() == 2  # head and tail; the rest of moov
             assert reader.statistics().index_bytes < len(source.data) / 2
             frames = await reader.frames_at([oracle.times[7], oracle.times[70]])
             assert_frames(oracle, frames, [oracle.times[7], oracle.times[70]])
 
 
-async def test_unknown_size_reads_the_tail_first(videos: Videos) -> None:
-    oracle = videos["h264-gop250"]  # larger than the tail read
+async def test_unknown_size_reads_the_tail_and_the_head_at_once(
+    videos: Videos, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(video, "TAIL_READ_SIZE", 16 * 1024)
+    oracle = videos["h264-gop250"]  # larger than the tail read, which holds moov
     source = LocalSource(oracle.path)
     file = FileRef(url="https://example.test/clip.mp4", path="clip.mp4")
     async with video.open(file, fetcher=source) as reader:
-        assert source.calls[0][0] == "tail"
-        assert reader.statistics().index_requests == 2  # tail (holding moov), head
+        assert [kind for kind, _ in source.calls] == ["tail", "ranges"]
+        assert source.round_trips() == 1
+        assert reader.statistics().index_requests == 2
         frames = await reader.frames_at(oracle.times[::17])
         assert_frames(oracle, frames, oracle.times[::17])
+
+
+async def test_unknown_size_of_a_file_shorter_than_the_head(
+    videos: Videos, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The head read fails (the server has fewer bytes); the tail holds the whole file."""
+    monkeypatch.setattr(video, "HEAD_READ_SIZE", 512 * 1024)
+    oracle = videos["h264-gop25-moov-end"]
+    source = LocalSource(oracle.path)
+    file = FileRef(url="https://example.test/clip.mp4", path="clip.mp4")
+    async with video.open(file, fetcher=source) as reader:
+        assert source.round_trips() == 1
+        assert reader.statistics().index_bytes == len(source.data)
+        assert_frames(oracle, await reader.frames_at(oracle.times[::9]), oracle.times[::9])
+
+
+async def test_runs_decode_as_their_bytes_arrive(
+    videos: Videos, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The GOPs of one call decode in parallel, each as soon as its bytes are in: the last
+    GOP's bytes arrive only after the first GOP has decoded."""
+    monkeypatch.setattr(video, "_VIDEO_COALESCE_GAP", 0)  # one read per GOP
+    oracle = videos["h264-gop25-moov-end"]
+    decoded = anyio.Event()
+    decode_run = video._Indexed.decode_run
+
+    def traced(self: Any, run: Any, *args: Any) -> Any:
+        result = decode_run(self, run, *args)
+        if run.key == 0:
+            anyio.from_thread.run_sync(decoded.set)
+        return result
+
+    monkeypatch.setattr(video._Indexed, "decode_run", traced)
+
+    class Late(LocalSource):
+        async def read_ranges(
+            self, file: FileRef, ranges: Sequence[tuple[int, int]]
+        ) -> list[bytes]:
+            if ranges[0][0] >= last_gop:
+                await decoded.wait()
+            return await super().read_ranges(file, ranges)
+
+    last_gop = oracle.packets[100][1]  # where the keyframe of the last GOP lies
+    assert oracle.packets[100][3]
+    source = Late(oracle.path)
+    times = [oracle.times[3], oracle.times[60], oracle.times[110]]
+    async with video.open(oracle.path, fetcher=source) as reader:
+        mark = len(source.calls)
+        with anyio.fail_after(30):
+            frames = await reader.frames_at(times)
+        assert_frames(oracle, frames, times)
+        assert reader.statistics().frame_requests == 3
+        assert reader.statistics().decoder_starts == 3
+        assert source.since(mark)[0] == 2  # the last read waited: a round trip later
+
+    monkeypatch.undo()  # nearby GOPs are read together
+    async with video.open(oracle.path, fetcher=LocalSource(oracle.path)) as reader:
+        assert_frames(oracle, await reader.frames_at(times), times)
+        assert reader.statistics().frame_requests == 1
+        assert reader.statistics().decoder_starts == 3
+
+
+async def test_read_errors_come_through_as_raised(videos: Videos) -> None:
+    """A failed read is raised as it is, not inside an exception group, and the reader
+    goes on after it."""
+    oracle = videos["h264-gop25-moov-end"]
+
+    class Broken(LocalSource):
+        broken = True
+
+        async def read_tail(self, file: FileRef, n: int) -> tuple[bytes, int]:
+            if self.broken:
+                raise RangeMismatchError(f"{file.url}: tail broke", url=file.url)
+            return await super().read_tail(file, n)
+
+        async def read_ranges(
+            self, file: FileRef, ranges: Sequence[tuple[int, int]]
+        ) -> list[bytes]:
+            if self.broken and self.calls:
+                raise RangeMismatchError(f"{file.url}: ranges broke", url=file.url)
+            return await super().read_ranges(file, ranges)
+
+    file = FileRef(url="https://example.test/clip.mp4", path="clip.mp4")
+    with pytest.raises(RangeMismatchError, match="tail broke"):
+        async with video.open(file, fetcher=Broken(oracle.path)):
+            pass
+    source = Broken(oracle.path)
+    times = [oracle.times[3], oracle.times[60], oracle.times[110]]
+    async with video.open(oracle.path, fetcher=source) as reader:
+        with pytest.raises(RangeMismatchError, match="ranges broke"):
+            await reader.frames_at(times)
+        source.broken = False
+        assert_frames(oracle, await reader.frames_at(times), times)
 
 
 async def test_concurrent_calls_on_one_reader(videos: Videos) -> None:
@@ -617,7 +767,7 @@ async def test_with_range_fetcher(videos: Videos) -> None:
     async with video.open(oracle.path) as reader:
         assert_frames(oracle, await reader.frames_at(times), times)
 
-    # Over HTTP, size unknown: a suffix read, the head, then one request per call.
+    # Over HTTP, size unknown: a suffix read and the head at once, then the frames.
     data = oracle.path.read_bytes()
     seen: list[str] = []
 
@@ -638,6 +788,7 @@ async def test_with_range_fetcher(videos: Videos) -> None:
     ) as fetcher:
         file = FileRef(url="https://cdn.test/clip.mp4", path="clip.mp4")
         async with video.open(file, fetcher=fetcher) as reader:
-            assert len(seen) == 2
+            assert sorted(seen) == ["-1048576", "0-65535"]
             assert_frames(oracle, await reader.frames_at(times), times)
-            assert len(seen) == 3
+            assert len(seen) == 2 + reader.statistics().frame_requests
+            assert reader.statistics().frame_requests <= 2  # one per GOP at most
