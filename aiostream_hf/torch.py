@@ -26,10 +26,9 @@ import torch
 import torch.distributed
 import torch.utils.data
 
-from . import _bridge, _resolver
+from . import _bridge, _ranks, _resolver
 from ._exceptions import SourceError
 from ._options import StreamOptions
-from ._ranks import environment_rank
 from ._resolver import Manifest
 from ._stream import stream
 from .formats import lerobot
@@ -43,7 +42,7 @@ def distributed_rank() -> tuple[int, int]:
     """(rank, world size) from torch.distributed when initialised, else RANK/WORLD_SIZE."""
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         return torch.distributed.get_rank(), torch.distributed.get_world_size()
-    return environment_rank() or (0, 1)
+    return _ranks.environment_rank() or (0, 1)
 
 
 class _Resumable(Protocol):
