@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
+import gc
 import tempfile
 import time
 import warnings
@@ -122,9 +123,14 @@ def train(source: str, endpoint: str | None, args: argparse.Namespace) -> None:
         return
     resumed = make_loader(ds, args)
     resumed.load_state_dict(checkpoint)
-    first, _ = next(iter(resumed))
+    batches = iter(resumed)
+    first, _ = next(batches)
     same = first.shape == expected.shape and bool(torch.equal(first, expected))
     print(f"resumed from the checkpoint at step {checkpoint_at}: next batch identical: {same}")
+    # Stop the workers now, not during the interpreter's exit, where their teardown
+    # races multiprocessing's removal of its temporary folder.
+    del batches, resumed, loader
+    gc.collect()
 
 
 def main() -> None:
