@@ -58,15 +58,12 @@ import contextlib
 import hashlib
 import json
 import os
-import platform
 import random
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -118,17 +115,6 @@ LEROBOT_REPO = "bench/lerobot-av1"
 # Workers: one contender, one run, in a fresh process. The clock starts after
 # the imports a contender needs.
 # =============================================================================
-
-
-def _vm_hwm() -> int | None:
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
 
 
 def _pyav_frames(container: Any, times: list[float]) -> dict[float, Any]:
@@ -462,7 +448,7 @@ def _worker(spec: dict[str, Any]) -> dict[str, Any]:
     usage = resource.getrusage(resource.RUSAGE_SELF)
     out.update(
         contender=spec["contender"],
-        vm_hwm=_vm_hwm(),
+        vm_hwm=_harness.vm_hwm(),
         cpu_seconds=usage.ru_utime + usage.ru_stime,
     )
     return out
@@ -579,64 +565,12 @@ def _ensure_lerobot(root: Path, params: dict[str, Any]) -> dict[str, Any]:
 
 
 def _environment() -> dict[str, Any]:
-    from importlib import metadata
-
     import av
-    import psutil
 
-    versions = {}
-    for name in ("aiostream-hf", "av", "numpy", "pyarrow", "huggingface_hub", "fsspec", "anyio"):
-        try:
-            versions[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            versions[name] = None
-    try:
-        affinity = len(os.sched_getaffinity(0))
-    except AttributeError:
-        affinity = None
-    return {
-        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "python": sys.version.split()[0],
-        "platform": platform.platform(),
-        "machine": platform.machine(),
-        "cpu_count": os.cpu_count(),
-        "cpu_affinity": affinity,
-        "memory_total": psutil.virtual_memory().total,
-        "loadavg_at_start": os.getloadavg(),
-        "packages": versions,
-        "ffmpeg_libavcodec": list(av.library_versions.get("libavcodec", ())),
-        "aiostream_hf_sources": _library_fingerprint(),
-    }
-
-
-def _library_fingerprint() -> dict[str, Any]:
-    """A digest of the aiostream_hf sources measured (the tree changes between commits)."""
-    import aiostream_hf
-
-    root = Path(aiostream_hf.__file__).resolve().parent
-    digest = hashlib.sha256()
-    files = sorted(p for p in root.rglob("*.py") if "__pycache__" not in p.parts)
-    for path in files:
-        digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes())
-    return {"sha256_of_py_sources": digest.hexdigest(), "files": len(files)}
-
-
-def _worker_env(endpoint: str, tmp: Path) -> dict[str, str]:
-    env = dict(os.environ)
-    for key in ("HF_HUB_OFFLINE", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN"):
-        env.pop(key, None)
-    env.update(
-        HF_ENDPOINT=endpoint,
-        HF_HOME=str(tmp / "hf-home"),
-        HF_HUB_DISABLE_TELEMETRY="1",
-        HF_HUB_DISABLE_PROGRESS_BARS="1",
-        HF_HUB_DISABLE_XET="1",
-        AIOSTREAM_HF_CACHE=str(tmp / "aiostream-cache"),
-        XDG_CACHE_HOME=str(tmp / "xdg-cache"),
-        SVT_LOG="1",
-        PYTHONUNBUFFERED="1",
+    packages = ("aiostream-hf", "av", "numpy", "pyarrow", "huggingface_hub", "fsspec", "anyio")
+    return _harness.environment(
+        packages, ffmpeg_libavcodec=list(av.library_versions.get("libavcodec", ()))
     )
-    return env
 
 
 #: Set by main(): (max busy CPUs, max wait s) before each run, the most CPUs the rest of
@@ -695,7 +629,7 @@ def _run_once(hub: Any, spec: dict[str, Any], log_path: Path, timeout: float) ->
         with log_path.open("w") as log:
             proc = subprocess.Popen(
                 [sys.executable, str(Path(__file__).resolve()), "--worker", json.dumps(spec)],
-                env=_worker_env(hub.endpoint, tmp),
+                env=_harness.worker_env(hub.endpoint, tmp, SVT_LOG="1"),
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
@@ -748,15 +682,6 @@ def _run_once(hub: Any, spec: dict[str, Any], log_path: Path, timeout: float) ->
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _median(xs: list[float]) -> float:
-    return float(statistics.median(xs)) if xs else float("nan")
-
-
-def _rotations(names: list[str], rounds: int) -> list[list[str]]:
-    n = len(names)
-    return [names[r % n :] + names[: r % n] for r in range(rounds)]
-
-
 def _summary(rounds: list[dict[str, dict[str, Any]]], key: str) -> dict[str, dict[str, Any]]:
     out: dict[str, dict[str, Any]] = {}
     names = list(rounds[0]) if rounds else []
@@ -765,17 +690,17 @@ def _summary(rounds: list[dict[str, dict[str, Any]]], key: str) -> dict[str, dic
         values = [float(x[key]) for x in runs]
         out[c] = {
             "runs": len(runs),
-            f"{key}_median": _median(values),
+            f"{key}_median": _harness.median(values),
             f"{key}_min": min(values),
             f"{key}_max": max(values),
             "requests_median": {
-                b: _median([float(x["requests"][b]) for x in runs])
+                b: _harness.median([float(x["requests"][b]) for x in runs])
                 for b in ("api", "resolvers", "cdn")
             },
-            "bytes_served_median": _median([float(x["bytes_served"]) for x in runs]),
-            "peak_rss_median": _median([float(x["peak_rss"]) for x in runs]),
-            "cpu_seconds_median": _median([float(x["cpu_seconds"]) for x in runs]),
-            "noise_cpus_median": _median([float(x.get("noise_cpus", 0.0)) for x in runs]),
+            "bytes_served_median": _harness.median([float(x["bytes_served"]) for x in runs]),
+            "peak_rss_median": _harness.median([float(x["peak_rss"]) for x in runs]),
+            "cpu_seconds_median": _harness.median([float(x["cpu_seconds"]) for x in runs]),
+            "noise_cpus_median": _harness.median([float(x.get("noise_cpus", 0.0)) for x in runs]),
             "attempts": sum(int(x.get("attempts", 1)) for x in runs),
         }
     return out
@@ -793,7 +718,7 @@ def _ratio(
 ) -> dict[str, Any]:
     """Per-round ratio num/den of ``key``; ``met`` compares its median to ``target``."""
     per_round = [r[num][key] / r[den][key] for r in rounds if num in r and den in r]
-    med = _median(per_round)
+    med = _harness.median(per_round)
     met = med >= target if higher_is_better else med <= target
     return {
         "ratio": label,
@@ -830,7 +755,7 @@ def _frames_workload(
         "local_path": str(hub_root / "datasets" / stamp["repo"] / stamp["path"]),
     }
     warmups, rounds = [], []
-    order = [FRAMES_CONTENDERS] * warmup + _rotations(FRAMES_CONTENDERS, n_rounds)
+    order = [FRAMES_CONTENDERS] * warmup + _harness.rotations(FRAMES_CONTENDERS, n_rounds)
     for i, names in enumerate(order):
         warm = i < warmup
         tag = f"{name}-warmup{i}" if warm else f"{name}-round{i - warmup}"
@@ -1017,7 +942,7 @@ def main(argv: list[str] | None = None) -> int:
                     "episodes": stamp["params"]["episodes"],
                 }
                 warmups, rounds = [], []
-                plan = [LEROBOT_CONTENDERS] * args.warmup + _rotations(
+                plan = [LEROBOT_CONTENDERS] * args.warmup + _harness.rotations(
                     LEROBOT_CONTENDERS, lerobot_rounds
                 )
                 for i, names in enumerate(plan):
