@@ -16,6 +16,7 @@ result is released when the consumer takes the next one.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
@@ -62,7 +63,7 @@ class _Slot(Generic[T]):
         self.error: BaseException | None = None
 
 
-class Background:
+class Background(ABC):
     """Runs ``_produce`` in a task group of its own from ``async with`` until the exit,
     which cancels it: the consumer is gone. Once only. The consumer's own error (or
     GeneratorExit) leaves as it is, not in an ExceptionGroup: the tasks raise nothing
@@ -71,8 +72,9 @@ class Background:
     _tg: TaskGroup | None = None
     _closed: bool = False
 
+    @abstractmethod
     async def _produce(self) -> None:
-        raise NotImplementedError
+        """Start the work, in order, within the budgets; runs until done or cancelled."""
 
     async def __aenter__(self: _B) -> _B:
         if self._closed or self._tg is not None:
