@@ -42,11 +42,9 @@ How a read travels:
 from __future__ import annotations
 
 import contextlib
-import functools
 import os
 import random
 import re
-import ssl
 import time
 import urllib.parse
 import urllib.request
@@ -72,6 +70,7 @@ from ._exceptions import (
 from ._options import StreamOptions
 from ._resolver import FileRef
 from ._retry import backoff_delay, retry_after
+from ._transport import SchemeTransport, tls_context
 
 __all__ = ["ByteStream", "FetcherStatistics", "RangeFetcher", "coalesce_ranges"]
 
@@ -184,12 +183,14 @@ class RangeFetcher:
         except httpx2.InvalidURL as exc:
             raise SourceError(f"endpoint={endpoint!r} is not a URL: {exc}") from exc
         n = self.options.max_concurrency
+        limits = httpx2.Limits(max_connections=n, max_keepalive_connections=n)
         self._client = httpx2.AsyncClient(
-            transport=transport,
-            verify=_tls_context(),
+            transport=SchemeTransport(limits) if transport is None else transport,
+            # Only proxies from the environment (HTTPS_PROXY...) use the client's `verify`.
+            verify=tls_context() if urllib.request.getproxies() else True,
             follow_redirects=False,
             timeout=httpx2.Timeout(self.options.timeout),
-            limits=httpx2.Limits(max_connections=n, max_keepalive_connections=n),
+            limits=limits,
             headers={"Accept-Encoding": "identity", "User-Agent": f"aiostream-hf/{__version__}"},
         )
         self._limiter = anyio.CapacityLimiter(n)
@@ -1343,13 +1344,6 @@ def _assemble(
             j += 1
         out.append(pieces[0] if len(pieces) == 1 else b"".join(pieces))
     return out
-
-
-@functools.lru_cache(maxsize=1)
-def _tls_context() -> ssl.SSLContext:
-    """httpx2's default TLS context, made once per process: making one reads the CA
-    bundle, ~20 ms, which every fetcher (every stream, every video) would pay again."""
-    return httpx2.create_ssl_context()
 
 
 def _copy_error(exc: FetchError) -> FetchError:

@@ -893,3 +893,23 @@ async def test_file_urls_are_read_from_disk(tmp_path: Path, fake: FakeHub) -> No
         stats = f.statistics()
     assert fake.requests == []  # no HTTP
     assert stats.requests["local"] >= 4
+
+
+async def test_tls_is_set_up_on_the_first_https_request_only() -> None:
+    """Plain HTTP pays for no CA bundle; https gets the verifying context, made once."""
+    import ssl
+
+    from aiostream_hf._transport import SchemeTransport, tls_context
+
+    transport = SchemeTransport(httpx2.Limits(max_connections=2))
+    async with transport:
+        plain = transport._pool("http")
+        assert set(transport._pools) == {"http"}
+        secure = transport._pool("https")
+        assert set(transport._pools) == {"http", "https"}
+        assert transport._pool("https") is secure and transport._pool("http") is plain
+    assert tls_context() is tls_context()
+    assert tls_context().verify_mode == ssl.CERT_REQUIRED and tls_context().check_hostname
+    assert transport._pools == {}
+    with pytest.raises(RuntimeError, match="closed"):
+        transport._pool("http")
