@@ -31,13 +31,16 @@ on the bytes in memory: correct, not minimal.
 
 from __future__ import annotations
 
+import bisect
+import functools
 import heapq
 import io
 import os
+import threading
 import urllib.parse
 import urllib.request
 from collections import OrderedDict, deque
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
@@ -62,7 +65,7 @@ from .._exceptions import (
     SourceError,
 )
 from .._resolver import FileRef
-from . import ByteSource
+from . import ByteSource, StreamSource
 from ._mp4 import (
     BOX_HEADER_MAX,
     HEAD_READ_SIZE,
@@ -102,6 +105,9 @@ _MARGIN_BUDGET = 0.5
 _RECENT = 8  # decoded frames kept for the next call
 
 Array: TypeAlias = npt.NDArray[Any]
+Span: TypeAlias = tuple[int, int]  # bytes [start, end) of the file
+_SampleBytes: TypeAlias = "Callable[[int], bytes | memoryview]"  # sample -> its bytes
+_STREAM_BLOCK = 64 * 1024  # a streamed read hands its bytes on in blocks of this size
 
 
 @dataclass(frozen=True, eq=False)
@@ -123,8 +129,9 @@ class VideoStatistics:
         had no usable index and was read whole (``fallback_reason`` says why).
     index_requests / index_bytes: ranges (and their bytes) read by ``open`` to find and
         read the index, or the whole file without one.
-    frame_requests / frame_bytes: ``read_ranges`` calls (and bytes) for frame samples:
-        one per group of nearby GOPs of a call, all sent at once.
+    frame_requests / frame_bytes: reads (and bytes) of frame samples, all sent at once:
+        one per group of nearby GOPs of a call (a streamed group: one per stretch of
+        its bytes with no gap of ``coalesce_gap`` or more; a ``read_ranges`` call).
     packets_decoded: samples fed to the decoder.
     decoder_starts: decodes started afresh at a keyframe.
     decoder_reuses: decodes that continued the decoder state of the call before.
@@ -342,10 +349,12 @@ class VideoReader:
     async def _decode_indexed(self, index: _Indexed, positions: list[int]) -> dict[int, Array]:
         """Fetch and decode the runs that output ``positions``.
 
-        Every group of nearby runs is fetched with one ``read_ranges`` call, all groups at
-        once (one round trip). Runs decode in worker threads as soon as their bytes are in,
-        in parallel (at most one thread per core for the whole process), the longest of
-        those ready first, so that a long run does not start last.
+        Every group of nearby runs is fetched with one request, all groups at once (one
+        round trip). Runs decode in worker threads, in parallel (at most one thread per
+        core for the whole process), the longest of those ready first. Over a source
+        that streams (``iter_bytes``, a RangeFetcher) a run is ready once its first
+        sample is in, and its thread takes each later sample as it arrives; over
+        ``read_ranges`` alone, once all its bytes are in.
         """
         table = index.table
         samples = [int(index.shown_samples[p]) for p in positions]
@@ -359,47 +368,92 @@ class VideoReader:
         limiter = _decode_limiter()
         source = self._source
         assert source is not None
-        # Runs whose bytes are in, longest first; one token in the stream per run pushed.
-        ready: list[tuple[int, int, Mapping[int, memoryview]]] = []
+        streams = _streaming(source)
+        # Runs ready to decode, longest first; one token in the stream per run pushed.
+        ready: list[tuple[int, int, _SampleBytes]] = []
         send, receive = anyio.create_memory_object_stream[None](max(1, len(runs)))
+
+        def push(i: int, sample: _SampleBytes) -> None:
+            heapq.heappush(ready, (runs[i].start - runs[i].end, i, sample))
+            send.send_nowait(None)
 
         async def convert() -> None:
             images.update(await anyio.to_thread.run_sync(_to_rgb, hits, limiter=limiter))
 
-        async def fetch(group: list[int]) -> None:
-            members = [runs[i] for i in group]
-            ranges = _byte_ranges(table, members)
-            buffers = await source.read_ranges(self.file, ranges) if ranges else []
-            if ranges:
-                self._count("frame_requests", 1)
-                self._count("frame_bytes", sum(len(b) for b in buffers))
+        async def fetch(group: list[int], ranges: list[Span]) -> None:
+            buffers = await source.read_ranges(self.file, ranges)
+            self._count("frame_bytes", sum(len(b) for b in buffers))
             for (start, end), buf in zip(ranges, buffers, strict=True):
                 if len(buf) != end - start:
                     raise DecodeError(
                         f"{self.file.path}: asked for bytes {start}-{end - 1}, got {len(buf)} bytes"
                     )
-            chunks = _sample_views(table, ranges, buffers, members)
+            sample = _sample_views(table, ranges, buffers, [runs[i] for i in group]).__getitem__
             for i in group:
-                heapq.heappush(ready, (runs[i].start - runs[i].end, i, chunks))
-                send.send_nowait(None)
+                push(i, sample)
+
+        async def stream(
+            streams: StreamSource, arrivals: _Arrivals, k: int, waiting: list[tuple[int, Span]]
+        ) -> None:
+            """Read span ``k`` of ``arrivals``; push each run of ``waiting`` (shared by the
+            spans of a group) once its first sample is in."""
+            start, end = arrivals.spans[k]
+            sample = functools.partial(_take_sample, table, arrivals)
+            try:
+                async with streams.iter_bytes(
+                    self.file, start, end, block_size=_STREAM_BLOCK
+                ) as blocks:
+                    async for block in blocks:
+                        arrivals.add(k, block)
+                        for item in [w for w in waiting if arrivals.has(*w[1])]:
+                            waiting.remove(item)
+                            push(item[0], sample)
+            finally:
+                arrivals.close(k)  # a thread still waiting for its bytes gives up
+                self._count("frame_bytes", arrivals.received(k))
+            if arrivals.received(k) != end - start:
+                raise DecodeError(
+                    f"{self.file.path}: asked for bytes {start}-{end - 1}, "
+                    f"got {arrivals.received(k)} bytes"
+                )
 
         async def fetch_all() -> None:
+            gap = _coalesce_gap(source)
             async with send, anyio.create_task_group() as fetches:
-                for group in _fetch_groups(table, runs, _coalesce_gap(source)):
-                    fetches.start_soon(guarded, fetch, group)
+                for group in _fetch_groups(table, runs, gap):
+                    ranges = _byte_ranges(table, [runs[i] for i in group])
+                    if not ranges:  # nothing to feed
+                        for i in group:
+                            push(i, _no_samples)
+                        continue
+                    self._count("frame_requests", 1)
+                    if streams is None:
+                        fetches.start_soon(guarded, fetch, group, ranges)
+                        continue
+                    arrivals = _Arrivals(_merge_spans(ranges, gap))
+                    self._count("frame_requests", len(arrivals.spans) - 1)
+                    waiting: list[tuple[int, Span]] = []
+                    for i in group:
+                        first = _first_sample(table, runs[i])
+                        if first is None:
+                            push(i, _no_samples)
+                        else:
+                            waiting.append((i, first))
+                    for k in range(len(arrivals.spans)):
+                        fetches.start_soon(guarded, stream, streams, arrivals, k, waiting)
 
         threads = 1 if len(runs) > 1 else 0  # parallel runs: one thread per decoder
 
         async def decode(tokens: anyio.abc.ObjectReceiveStream[None]) -> None:
             async with tokens:
                 async for _ in tokens:
-                    _, i, chunks = heapq.heappop(ready)
+                    _, i, sample = heapq.heappop(ready)
                     run = runs[i]
                     results[i] = await anyio.to_thread.run_sync(
                         index.decode_run,
                         run,
                         state if run.reuse else None,
-                        chunks,
+                        sample,
                         threads,
                         limiter=limiter,
                     )
@@ -407,6 +461,8 @@ class VideoReader:
         async def guarded(work: Callable[..., Awaitable[None]], *args: Any) -> None:
             try:
                 await work(*args)
+            except _Unfinished:
+                return  # the bytes stopped coming: whatever stopped them is raised
             except Exception as exc:  # re-raised below, as it was raised
                 failures.append(exc)
                 tg.cancel_scope.cancel()  # the other runs are no use now
@@ -420,7 +476,8 @@ class VideoReader:
         if failures:
             raise failures[0]
         done = [r for r in results if r is not None]
-        assert len(done) == len(runs)
+        if len(done) != len(runs):  # a run whose bytes stopped coming, with nothing raised
+            raise DecodeError(f"{self.file.path}: {len(runs) - len(done)} runs were not decoded")
         if runs:
             index.merge(done)
         else:
@@ -834,11 +891,12 @@ class _Indexed:
         return int(self.cumsize[last + 1] - self.cumsize[first]) if last >= first else 0
 
     def decode_run(
-        self, run: _Run, state: _State | None, chunks: Mapping[int, memoryview], threads: int = 0
+        self, run: _Run, state: _State | None, sample: _SampleBytes, threads: int = 0
     ) -> _RunResult:
         """Feed ``run``'s samples to a decoder (``state``'s when it continues it); the frames
         of its targets (worker thread). Touches nothing shared: runs decode in parallel.
 
+        ``sample(n)`` gives sample ``n``'s bytes (it may wait for them to arrive).
         ``threads``: the threads of a new decoder (0: FFmpeg's choice); 1 when runs
         decode in parallel, which then keep the cores busy without oversubscribing them.
         """
@@ -852,22 +910,29 @@ class _Indexed:
         result = _RunResult({}, deque(maxlen=_RECENT), counts, state, 0)
         pending = {int(table.cts[t]): t for t in run.targets}
         context = state.context
-        n = run.start
+        time_base = self.time_base
+        # Plain Python numbers, looked up once: the loop runs once per sample.
+        lo, hi = run.start, run.end + 1
+        sizes = table.size[lo:hi].tolist()
+        cts = table.cts[lo:hi].tolist()
+        dts = (table.cts[lo:hi] - table.pts[lo:hi] + table.dts[lo:hi]).tolist()
+        keys = table.is_key[lo:hi].tolist()
+        n = lo
+        fed = 0
         try:
-            while pending and n <= run.end:
-                if table.size[n] == 0:  # an empty packet would drain the decoder
-                    n += 1
-                    continue
-                packet = av.Packet(bytes(chunks[n]))
-                packet.pts = int(table.cts[n])  # unique: tells the output frames apart
-                packet.dts = int(table.cts[n] - table.pts[n] + table.dts[n])
-                packet.time_base = self.time_base
-                packet.is_keyframe = bool(table.is_key[n])
+            while pending and n < hi:
+                i = n - lo
                 n += 1
+                if not sizes[i]:  # an empty packet would drain the decoder
+                    continue
+                packet = av.Packet(sample(n - 1))  # type: ignore[arg-type]  # any buffer
+                packet.pts = cts[i]  # unique: tells the output frames apart
+                packet.dts = dts[i]
+                packet.time_base = time_base
+                packet.is_keyframe = keys[i]
+                fed += 1
                 self._keep(context.decode(packet), pending, result)
-            counts["packets_decoded"] = (
-                n - run.start - int(np.count_nonzero(table.size[run.start : n] == 0))
-            )
+            counts["packets_decoded"] = fed
             state.next = n
             result.depth = int(context.reorder_depth)
             if pending:  # the decoder holds them back: drain it
@@ -967,6 +1032,11 @@ def _to_rgb(frames: dict[int, VideoFrame]) -> dict[int, Array]:
     return {s: frame.to_ndarray(format="rgb24") for s, frame in frames.items()}
 
 
+def _streaming(source: ByteSource) -> StreamSource | None:
+    """``source`` when it can stream a range in order (``iter_bytes``), else None."""
+    return cast(StreamSource, source) if callable(getattr(source, "iter_bytes", None)) else None
+
+
 def _coalesce_gap(source: ByteSource) -> int:
     """The gap under which ``source`` merges the ranges of one call into one request (a
     RangeFetcher's ``options.coalesce_gap``); ``_VIDEO_COALESCE_GAP`` for other sources."""
@@ -1000,12 +1070,11 @@ def _fetch_groups(table: SampleTable, runs: list[_Run], gap: int) -> list[list[i
 
 
 def _byte_ranges(table: SampleTable, runs: list[_Run]) -> list[tuple[int, int]]:
-    """The file ranges of the runs' samples, sorted; touching or overlapping ones merged."""
-    samples = np.unique(
-        np.concatenate(
-            [np.arange(r.start, r.end + 1, dtype=np.int64) for r in runs]
-            + [np.zeros(0, dtype=np.int64)]
-        )
+    """The file ranges of the runs' samples, sorted; touching or overlapping ones merged
+    (a sample in two runs gives one range)."""
+    samples = np.concatenate(
+        [np.arange(r.start, r.end + 1, dtype=np.int64) for r in runs]
+        + [np.zeros(0, dtype=np.int64)]
     )
     samples = samples[table.size[samples] > 0]
     if len(samples) == 0:
@@ -1045,6 +1114,103 @@ def _sample_views(
             begin = offset - int(starts[i])
             out[n] = views[i][begin : begin + int(table.size[n])]
     return out
+
+
+def _merge_spans(ranges: list[Span], gap: int) -> list[Span]:
+    """Sorted ranges merged across gaps under ``gap``: the reads that serve them."""
+    spans: list[Span] = []
+    for start, end in ranges:
+        if spans and start - spans[-1][1] < gap:
+            spans[-1] = (spans[-1][0], max(spans[-1][1], end))
+        else:
+            spans.append((start, end))
+    return spans
+
+
+def _first_sample(table: SampleTable, run: _Run) -> Span | None:
+    """The bytes of the first sample ``run`` feeds (None when it feeds none)."""
+    for n in range(run.start, run.end + 1):
+        size = int(table.size[n])
+        if size:
+            offset = int(table.offset[n])
+            return offset, offset + size
+    return None
+
+
+def _no_samples(n: int) -> bytes:
+    raise AssertionError(f"sample {n} was not fetched")  # a run fed nothing asks for nothing
+
+
+def _take_sample(table: SampleTable, arrivals: _Arrivals, n: int) -> memoryview:
+    offset = int(table.offset[n])
+    return arrivals.take(offset, offset + int(table.size[n]))
+
+
+class _Unfinished(Exception):
+    """A decode thread waited for bytes whose read ended without them."""
+
+
+class _Arrivals:
+    """The bytes of a few spans of a file as they are read (on the event loop), for
+    decode threads that take each sample as soon as it is in (``take`` waits for it)."""
+
+    def __init__(self, spans: list[Span]) -> None:
+        self.spans = spans
+        self._starts = [start for start, _ in spans]
+        self._filled = list(self._starts)  # per span: everything before this is in
+        self._offsets: list[list[int]] = [[] for _ in spans]
+        self._blocks: list[list[bytes]] = [[] for _ in spans]
+        self._ended = [False] * len(spans)
+        self._changed = threading.Condition()
+
+    def add(self, k: int, block: bytes) -> None:
+        with self._changed:
+            self._offsets[k].append(self._filled[k])
+            self._blocks[k].append(block)
+            self._filled[k] += len(block)
+            self._changed.notify_all()
+
+    def close(self, k: int) -> None:
+        """Span ``k``'s read ended: nothing more will come."""
+        with self._changed:
+            self._ended[k] = True
+            self._changed.notify_all()
+
+    def received(self, k: int) -> int:
+        return self._filled[k] - self._starts[k]
+
+    def has(self, start: int, end: int) -> bool:
+        return self._filled[self._span(start)] >= end
+
+    def take(self, start: int, end: int) -> memoryview:
+        """Bytes ``[start, end)``, once they are in (worker thread: blocks until then).
+        Raises ``_Unfinished`` if the read ended without them."""
+        k = self._span(start)
+        with self._changed:
+            while self._filled[k] < end:
+                if self._ended[k]:
+                    raise _Unfinished(f"bytes {start}-{end - 1} never came")
+                self._changed.wait()
+        offsets, blocks = self._offsets[k], self._blocks[k]
+        i = bisect.bisect_right(offsets, start) - 1
+        first = blocks[i]
+        at = start - offsets[i]
+        if at + (end - start) <= len(first):
+            return memoryview(first)[at : at + end - start]
+        pieces = [memoryview(first)[at:]]
+        got = len(first) - at
+        while got < end - start:
+            i += 1
+            piece = memoryview(blocks[i])[: end - start - got]
+            pieces.append(piece)
+            got += len(piece)
+        return memoryview(b"".join(pieces))
+
+    def _span(self, start: int) -> int:
+        k = bisect.bisect_right(self._starts, start) - 1
+        if k < 0 or start >= self.spans[k][1]:
+            raise AssertionError(f"byte {start} is in no span of {self.spans}")
+        return k
 
 
 # -- the fallback: the whole file, demuxed by FFmpeg -------------------------------------

@@ -15,9 +15,10 @@ demuxer, not from the code under test).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import struct
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
@@ -506,6 +507,171 @@ async def test_runs_decode_as_their_bytes_arrive(
         assert_frames(oracle, await reader.frames_at(times), times)
         assert reader.statistics().frame_requests == 1
         assert reader.statistics().decoder_starts == 3
+
+
+class StreamingSource(LocalSource):
+    """A LocalSource that also streams ranges (``iter_bytes``), in blocks, like the
+    fetcher. ``hold(at)`` is awaited before the block at byte ``at`` of the streamed range."""
+
+    block = 4096
+
+    async def hold(self, at: int) -> None:
+        await anyio.lowlevel.checkpoint()
+
+    @contextlib.asynccontextmanager
+    async def _blocks(self, start: int, end: int) -> AsyncIterator[AsyncIterator[bytes]]:
+        call = self._begin("stream", [(start, end)])
+
+        async def blocks() -> AsyncIterator[bytes]:
+            for at in range(start, end, self.block):
+                await self.hold(at - start)
+                yield self.data[at : min(end, at + self.block)]
+
+        try:
+            yield blocks()
+        finally:
+            self._ended.append(call)
+
+    def iter_bytes(
+        self,
+        file: FileRef,
+        start: int = 0,
+        end: int | None = None,
+        *,
+        block_size: int | None = None,
+    ) -> Any:
+        return self._blocks(start, len(self.data) if end is None else end)
+
+
+def trace_decode_starts(monkeypatch: pytest.MonkeyPatch) -> anyio.Event:
+    """An event set when a decode thread starts a run."""
+    started = anyio.Event()
+    decode_run = video._Indexed.decode_run
+
+    def traced(self: Any, run: Any, *args: Any) -> Any:
+        anyio.from_thread.run_sync(started.set)
+        return decode_run(self, run, *args)
+
+    monkeypatch.setattr(video._Indexed, "decode_run", traced)
+    return started
+
+
+async def test_a_streamed_run_decodes_while_its_bytes_arrive(
+    videos: Videos, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Over a source that streams, a run starts decoding once its first sample is in:
+    the rest of its bytes come only after its decoder has started."""
+    oracle = videos["h264-gop250"]
+    started = trace_decode_starts(monkeypatch)
+
+    class Gated(StreamingSource):
+        async def hold(self, at: int) -> None:
+            if at > oracle.packets[0][2]:  # the keyframe is in: wait for its decoder
+                await started.wait()
+
+    source = Gated(oracle.path)
+    times = [oracle.times[200]]
+    async with video.open(oracle.path, fetcher=source) as reader:
+        mark = len(source.calls)
+        with anyio.fail_after(30):
+            frames = await reader.frames_at(times)
+        assert_frames(oracle, frames, times)
+        assert [kind for kind, _ in source.calls[mark:]] == ["stream"]
+        rounds, fetched = source.round_trips(mark), source.calls[mark][1][0]
+        assert rounds == 1
+        assert fetched[1] - fetched[0] <= 1.5 * oracle.reference_bytes(times)
+        assert reader.statistics().frame_bytes == fetched[1] - fetched[0]
+
+
+async def test_streamed_reads_give_the_frames_of_read_ranges(videos: Videos) -> None:
+    """Streamed and whole reads decode to the same frames, one request per group of GOPs."""
+    for name in ("h264-gop25-moov-end", "h264-delay-audio", "h264-gop2"):
+        oracle = videos[name]
+        times = oracle.times[::7]
+        async with video.open(oracle.path, fetcher=StreamingSource(oracle.path)) as reader:
+            assert_frames(oracle, await reader.frames_at(times), times)
+            assert_frames(oracle, await reader.frames_at(times[::-1]), times[::-1])
+
+
+async def test_a_stream_that_breaks_or_stops_short(
+    videos: Videos, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A read that fails mid-way, once its run's decoder has started, is raised as it was;
+    one that ends short is a DecodeError naming the bytes. The decode thread waiting for
+    the rest gives up: nothing hangs, and the reader goes on."""
+    oracle = videos["h264-gop250"]
+    times = [oracle.times[290]]  # from the second keyframe
+    key = next(size for _, _, size, is_key in oracle.packets[1:] if is_key)
+
+    class Broken(StreamingSource):
+        mode = "raise"
+
+        async def hold(self, at: int) -> None:
+            if self.mode and at > key:  # the keyframe is in: its run is decoding
+                await started.wait()
+                if self.mode == "raise":
+                    raise RangeMismatchError("https://x.test/clip.mp4: the body broke")
+                raise _Short
+
+    class _Short(Exception):
+        pass
+
+    source = Broken(oracle.path)
+    original = source._blocks
+
+    @contextlib.asynccontextmanager
+    async def short(start: int, end: int) -> AsyncIterator[AsyncIterator[bytes]]:
+        async with original(start, end) as blocks:
+
+            async def until_cut() -> AsyncIterator[bytes]:
+                try:
+                    async for block in blocks:
+                        yield block
+                except _Short:
+                    return
+
+            yield until_cut()
+
+    source._blocks = short  # type: ignore[method-assign]
+    async with video.open(oracle.path, fetcher=source) as reader:
+        started = trace_decode_starts(monkeypatch)
+        with anyio.fail_after(30), pytest.raises(RangeMismatchError, match="the body broke"):
+            await reader.frames_at(times)
+        source.mode = "short"
+        started = trace_decode_starts(monkeypatch)
+        with anyio.fail_after(30), pytest.raises(DecodeError, match=r"asked for bytes \d+-\d+"):
+            await reader.frames_at(times)
+        source.mode = ""
+        assert_frames(oracle, await reader.frames_at(times), times)
+
+
+async def test_cancelled_while_a_thread_waits_for_bytes(
+    videos: Videos, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Cancelling a call whose decode thread waits for bytes that are not coming ends it
+    at once, and the reader still works."""
+    oracle = videos["h264-gop250"]
+    times = [oracle.times[290]]
+    key = next(size for _, _, size, is_key in oracle.packets[1:] if is_key)
+    started = trace_decode_starts(monkeypatch)
+
+    class Stalled(StreamingSource):
+        stall = True
+
+        async def hold(self, at: int) -> None:
+            if self.stall and at > key:
+                await anyio.sleep_forever()
+
+    source = Stalled(oracle.path)
+    async with video.open(oracle.path, fetcher=source) as reader:
+        with anyio.fail_after(30):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(reader.frames_at, times)
+                await started.wait()
+                await anyio.sleep(0.05)  # the decode thread is waiting for the bytes now
+                tg.cancel_scope.cancel()
+        source.stall = False
+        assert_frames(oracle, await reader.frames_at(times), times)
 
 
 async def test_read_errors_come_through_as_raised(videos: Videos) -> None:
