@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import bisect
 import functools
-import heapq
 import io
 import os
 import threading
@@ -349,12 +348,11 @@ class VideoReader:
     async def _decode_indexed(self, index: _Indexed, positions: list[int]) -> dict[int, Array]:
         """Fetch and decode the runs that output ``positions``.
 
-        Every group of nearby runs is fetched with one request, all groups at once (one
-        round trip). Runs decode in worker threads, in parallel (at most one thread per
-        core for the whole process), the longest of those ready first. Over a source
-        that streams (``iter_bytes``, a RangeFetcher) a run is ready once its first
-        sample is in, and its thread takes each later sample as it arrives; over
-        ``read_ranges`` alone, once all its bytes are in.
+        Every group of nearby runs is fetched at once (one round trip): over a source
+        that streams (``iter_bytes``, a RangeFetcher) one read per stretch of its bytes
+        without a gap of ``coalesce_gap``, else one ``read_ranges`` call. Meanwhile the
+        decode threads (at most one per core for the whole process) take the runs,
+        longest first, each feeding its decoder every sample as soon as it is in.
         """
         table = index.table
         samples = [int(index.shown_samples[p]) for p in positions]
@@ -369,47 +367,73 @@ class VideoReader:
         source = self._source
         assert source is not None
         streams = _streaming(source)
-        # Runs ready to decode, longest first; one token in the stream per run pushed.
-        ready: list[tuple[int, int, _SampleBytes]] = []
-        send, receive = anyio.create_memory_object_stream[None](max(1, len(runs)))
+        gap = _coalesce_gap(source)
+        # Where each run's samples arrive, set up before anything is read.
+        reads: list[tuple[_Arrivals, list[Span]]] = []
+        arrivals_of: list[_Arrivals | None] = [None] * len(runs)  # None: feeds nothing
+        for group in _fetch_groups(table, runs, gap):
+            ranges = _byte_ranges(table, [runs[i] for i in group])
+            if ranges:
+                arrivals = _Arrivals(ranges if streams is None else _merge_spans(ranges, gap))
+                reads.append((arrivals, ranges))
+                for i in group:
+                    arrivals_of[i] = arrivals
+        # Longest first: the last run to end is then a short one.
+        order = deque(sorted(range(len(runs)), key=lambda i: runs[i].start - runs[i].end))
+        stop = threading.Event()  # the decode threads stop at their next sample
+        arrived = anyio.Event()  # the first bytes are in (or there are none to read)
+        if not reads:
+            arrived.set()
+        threads = 1 if len(runs) > 1 else 0  # parallel runs: one thread per decoder
 
-        def push(i: int, sample: _SampleBytes) -> None:
-            heapq.heappush(ready, (runs[i].start - runs[i].end, i, sample))
-            send.send_nowait(None)
+        def halt() -> None:
+            stop.set()
+            for arrivals, _ in reads:
+                arrivals.close()
+
+        def decode_runs() -> None:  # worker thread: runs until none is left
+            while not stop.is_set():
+                try:
+                    i = order.popleft()
+                except IndexError:
+                    return
+                run, arrivals = runs[i], arrivals_of[i]
+                sample: _SampleBytes = (
+                    _no_samples
+                    if arrivals is None
+                    else functools.partial(_take_sample, table, arrivals, stop)
+                )
+                results[i] = index.decode_run(run, state if run.reuse else None, sample, threads)
 
         async def convert() -> None:
             images.update(await anyio.to_thread.run_sync(_to_rgb, hits, limiter=limiter))
 
-        async def fetch(group: list[int], ranges: list[Span]) -> None:
-            buffers = await source.read_ranges(self.file, ranges)
-            self._count("frame_bytes", sum(len(b) for b in buffers))
-            for (start, end), buf in zip(ranges, buffers, strict=True):
-                if len(buf) != end - start:
-                    raise DecodeError(
-                        f"{self.file.path}: asked for bytes {start}-{end - 1}, got {len(buf)} bytes"
-                    )
-            sample = _sample_views(table, ranges, buffers, [runs[i] for i in group]).__getitem__
-            for i in group:
-                push(i, sample)
+        async def read(arrivals: _Arrivals, ranges: list[Span]) -> None:
+            try:
+                buffers = await source.read_ranges(self.file, ranges)
+                for k, ((start, end), buf) in enumerate(zip(ranges, buffers, strict=True)):
+                    if len(buf) != end - start:
+                        raise DecodeError(
+                            f"{self.file.path}: asked for bytes {start}-{end - 1}, "
+                            f"got {len(buf)} bytes"
+                        )
+                    arrivals.add(k, buf)
+                    arrived.set()
+            finally:
+                arrivals.close()  # a thread still waiting for bytes gives up
+                self._count("frame_bytes", arrivals.received())
 
-        async def stream(
-            streams: StreamSource, arrivals: _Arrivals, k: int, waiting: list[tuple[int, Span]]
-        ) -> None:
-            """Read span ``k`` of ``arrivals``; push each run of ``waiting`` (shared by the
-            spans of a group) once its first sample is in."""
+        async def stream(streams: StreamSource, arrivals: _Arrivals, k: int) -> None:
             start, end = arrivals.spans[k]
-            sample = functools.partial(_take_sample, table, arrivals)
             try:
                 async with streams.iter_bytes(
                     self.file, start, end, block_size=_STREAM_BLOCK
                 ) as blocks:
                     async for block in blocks:
                         arrivals.add(k, block)
-                        for item in [w for w in waiting if arrivals.has(*w[1])]:
-                            waiting.remove(item)
-                            push(item[0], sample)
+                        arrived.set()
             finally:
-                arrivals.close(k)  # a thread still waiting for its bytes gives up
+                arrivals.close(k)
                 self._count("frame_bytes", arrivals.received(k))
             if arrivals.received(k) != end - start:
                 raise DecodeError(
@@ -417,66 +441,55 @@ class VideoReader:
                     f"got {arrivals.received(k)} bytes"
                 )
 
-        async def fetch_all() -> None:
-            gap = _coalesce_gap(source)
-            async with send, anyio.create_task_group() as fetches:
-                for group in _fetch_groups(table, runs, gap):
-                    ranges = _byte_ranges(table, [runs[i] for i in group])
-                    if not ranges:  # nothing to feed
-                        for i in group:
-                            push(i, _no_samples)
-                        continue
-                    self._count("frame_requests", 1)
-                    if streams is None:
-                        fetches.start_soon(guarded, fetch, group, ranges)
-                        continue
-                    arrivals = _Arrivals(_merge_spans(ranges, gap))
-                    self._count("frame_requests", len(arrivals.spans) - 1)
-                    waiting: list[tuple[int, Span]] = []
-                    for i in group:
-                        first = _first_sample(table, runs[i])
-                        if first is None:
-                            push(i, _no_samples)
-                        else:
-                            waiting.append((i, first))
-                    for k in range(len(arrivals.spans)):
-                        fetches.start_soon(guarded, stream, streams, arrivals, k, waiting)
-
-        threads = 1 if len(runs) > 1 else 0  # parallel runs: one thread per decoder
-
-        async def decode(tokens: anyio.abc.ObjectReceiveStream[None]) -> None:
-            async with tokens:
-                async for _ in tokens:
-                    _, i, sample = heapq.heappop(ready)
-                    run = runs[i]
-                    results[i] = await anyio.to_thread.run_sync(
-                        index.decode_run,
-                        run,
-                        state if run.reuse else None,
-                        sample,
-                        threads,
-                        limiter=limiter,
-                    )
-
         async def guarded(work: Callable[..., Awaitable[None]], *args: Any) -> None:
             try:
                 await work(*args)
             except _Unfinished:
-                return  # the bytes stopped coming: whatever stopped them is raised
+                return  # the bytes stopped coming, or the call is ending: not the cause
             except Exception as exc:  # re-raised below, as it was raised
                 failures.append(exc)
+                halt()
                 tg.cancel_scope.cancel()  # the other runs are no use now
 
-        async with anyio.create_task_group() as tg, receive:
+        watching = anyio.CancelScope()
+
+        async def watch() -> None:
+            """Stop the threads when the call ends, however it ends (they cannot be
+            cancelled, and may be waiting for bytes)."""
+            with watching:
+                try:
+                    await anyio.sleep_forever()
+                finally:
+                    halt()
+
+        async def decode_thread() -> None:
+            # Decode threads are shared by every reader: hold one only once bytes come.
+            await arrived.wait()
+            await anyio.to_thread.run_sync(decode_runs, limiter=limiter)
+
+        async def decode() -> None:
+            async with anyio.create_task_group() as decoders:
+                for _ in range(min(_cores(), len(runs))):
+                    decoders.start_soon(guarded, decode_thread)
+            watching.cancel()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(watch)
             if hits:
                 tg.start_soon(guarded, convert)
-            tg.start_soon(guarded, fetch_all)
-            for _ in range(min(_cores(), len(runs))):
-                tg.start_soon(guarded, decode, receive.clone())
+            for arrivals, ranges in reads:
+                if streams is None:
+                    self._count("frame_requests", 1)
+                    tg.start_soon(guarded, read, arrivals, ranges)
+                    continue
+                self._count("frame_requests", len(arrivals.spans))
+                for k in range(len(arrivals.spans)):
+                    tg.start_soon(guarded, stream, streams, arrivals, k)
+            tg.start_soon(decode)
         if failures:
             raise failures[0]
         done = [r for r in results if r is not None]
-        if len(done) != len(runs):  # a run whose bytes stopped coming, with nothing raised
+        if len(done) != len(runs):  # cannot be: a thread gave up with nothing raised
             raise DecodeError(f"{self.file.path}: {len(runs) - len(done)} runs were not decoded")
         if runs:
             index.merge(done)
@@ -1095,27 +1108,6 @@ def _byte_ranges(table: SampleTable, runs: list[_Run]) -> list[tuple[int, int]]:
     return ranges
 
 
-def _sample_views(
-    table: SampleTable,
-    ranges: list[tuple[int, int]],
-    buffers: list[bytes],
-    runs: list[_Run],
-) -> dict[int, memoryview]:
-    """Each fed sample's bytes, cut (without copying) out of the fetched ranges."""
-    starts = np.array([s for s, _ in ranges], dtype=np.int64)
-    views = [memoryview(b) for b in buffers]
-    out: dict[int, memoryview] = {}
-    for run in runs:
-        for n in range(run.start, run.end + 1):
-            if table.size[n] == 0:
-                continue
-            offset = int(table.offset[n])
-            i = int(np.searchsorted(starts, offset, side="right")) - 1
-            begin = offset - int(starts[i])
-            out[n] = views[i][begin : begin + int(table.size[n])]
-    return out
-
-
 def _merge_spans(ranges: list[Span], gap: int) -> list[Span]:
     """Sorted ranges merged across gaps under ``gap``: the reads that serve them."""
     spans: list[Span] = []
@@ -1127,27 +1119,21 @@ def _merge_spans(ranges: list[Span], gap: int) -> list[Span]:
     return spans
 
 
-def _first_sample(table: SampleTable, run: _Run) -> Span | None:
-    """The bytes of the first sample ``run`` feeds (None when it feeds none)."""
-    for n in range(run.start, run.end + 1):
-        size = int(table.size[n])
-        if size:
-            offset = int(table.offset[n])
-            return offset, offset + size
-    return None
-
-
 def _no_samples(n: int) -> bytes:
     raise AssertionError(f"sample {n} was not fetched")  # a run fed nothing asks for nothing
 
 
-def _take_sample(table: SampleTable, arrivals: _Arrivals, n: int) -> memoryview:
+def _take_sample(
+    table: SampleTable, arrivals: _Arrivals, stop: threading.Event, n: int
+) -> memoryview:
+    if stop.is_set():
+        raise _Unfinished("the call is ending")
     offset = int(table.offset[n])
     return arrivals.take(offset, offset + int(table.size[n]))
 
 
 class _Unfinished(Exception):
-    """A decode thread waited for bytes whose read ended without them."""
+    """A decode thread stopped: the bytes it waited for will not come, or the call ended."""
 
 
 class _Arrivals:
@@ -1170,17 +1156,18 @@ class _Arrivals:
             self._filled[k] += len(block)
             self._changed.notify_all()
 
-    def close(self, k: int) -> None:
-        """Span ``k``'s read ended: nothing more will come."""
+    def close(self, k: int | None = None) -> None:
+        """Span ``k``'s read (every span's, by default) ended: nothing more will come."""
         with self._changed:
-            self._ended[k] = True
+            for j in range(len(self.spans)) if k is None else [k]:
+                self._ended[j] = True
             self._changed.notify_all()
 
-    def received(self, k: int) -> int:
+    def received(self, k: int | None = None) -> int:
+        """Bytes in, of span ``k`` (of every span, by default)."""
+        if k is None:
+            return sum(self._filled) - sum(self._starts)
         return self._filled[k] - self._starts[k]
-
-    def has(self, start: int, end: int) -> bool:
-        return self._filled[self._span(start)] >= end
 
     def take(self, start: int, end: int) -> memoryview:
         """Bytes ``[start, end)``, once they are in (worker thread: blocks until then).

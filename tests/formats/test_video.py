@@ -469,6 +469,7 @@ async def test_runs_decode_as_their_bytes_arrive(
     """The GOPs of one call decode in parallel, each as soon as its bytes are in: the last
     GOP's bytes arrive only after the first GOP has decoded."""
     monkeypatch.setattr(video, "_VIDEO_COALESCE_GAP", 0)  # one read per GOP
+    monkeypatch.setattr(video, "_cores", lambda: 2)  # one thread waits, one decodes
     oracle = videos["h264-gop25-moov-end"]
     decoded = anyio.Event()
     decode_run = video._Indexed.decode_run
