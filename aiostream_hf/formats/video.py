@@ -378,8 +378,8 @@ class VideoReader:
                 reads.append((arrivals, ranges))
                 for i in group:
                     arrivals_of[i] = arrivals
-        # Longest first: the last run to end is then a short one.
-        order = deque(sorted(range(len(runs)), key=lambda i: runs[i].start - runs[i].end))
+        workers = min(_cores(), len(runs))
+        queues = _assign([_run_cost(run) for run in runs], workers)
         stop = threading.Event()  # the decode threads stop at their next sample
         arrived = anyio.Event()  # the first bytes are in (or there are none to read)
         if not reads:
@@ -391,11 +391,10 @@ class VideoReader:
             for arrivals, _ in reads:
                 arrivals.close()
 
-        def decode_runs() -> None:  # worker thread: runs until none is left
+        def decode_runs(w: int) -> None:  # worker thread: runs until none is left
             while not stop.is_set():
-                try:
-                    i = order.popleft()
-                except IndexError:
+                i = _next_run(queues, w)
+                if i is None:
                     return
                 run, arrivals = runs[i], arrivals_of[i]
                 sample: _SampleBytes = (
@@ -462,15 +461,15 @@ class VideoReader:
                 finally:
                     halt()
 
-        async def decode_thread() -> None:
+        async def decode_thread(w: int) -> None:
             # Decode threads are shared by every reader: hold one only once bytes come.
             await arrived.wait()
-            await anyio.to_thread.run_sync(decode_runs, limiter=limiter)
+            await anyio.to_thread.run_sync(decode_runs, w, limiter=limiter)
 
         async def decode() -> None:
             async with anyio.create_task_group() as decoders:
-                for _ in range(min(_cores(), len(runs))):
-                    decoders.start_soon(guarded, decode_thread)
+                for w in range(workers):
+                    decoders.start_soon(guarded, decode_thread, w)
             watching.cancel()
 
         async with anyio.create_task_group() as tg:
@@ -1106,6 +1105,62 @@ def _byte_ranges(table: SampleTable, runs: list[_Run]) -> list[tuple[int, int]]:
             lo, hi = s, e
     ranges.append((lo, hi))
     return ranges
+
+
+_RUN_START_COST = 3  # a decoder's start and a keyframe, in samples' worth of decoding
+
+
+def _run_cost(run: _Run) -> int:
+    """About how long a run takes to decode, in samples."""
+    return max(0, run.end - run.start + 1) + (0 if run.reuse else _RUN_START_COST)
+
+
+def _assign(costs: list[int], workers: int) -> list[deque[int]]:
+    """The runs (by position) each of ``workers`` decode threads takes, longest first,
+    split so that the threads end together: exactly for two threads (the subset of
+    costs whose sum is nearest half the total), longest-first to the least loaded for
+    more. A thread that runs out takes the shortest runs left to another (``_next_run``).
+    """
+    order = sorted(range(len(costs)), key=lambda i: -costs[i])
+    if workers <= 1:
+        return [deque(order)]
+    queues: list[list[int]] = [[] for _ in range(workers)]
+    total = sum(costs)
+    if workers == 2 and total <= 1 << 16:
+        reach = [1]  # bit s of reach[k]: some of the first k runs of `order` cost s in all
+        for i in order:
+            reach.append(reach[-1] | (reach[-1] << costs[i]))
+        target = (reach[-1] & ((2 << (total // 2)) - 1)).bit_length() - 1
+        for k in range(len(order) - 1, -1, -1):
+            i = order[k]
+            if (reach[k] >> target) & 1:
+                queues[1].append(i)
+            else:  # the sum needs run i
+                queues[0].append(i)
+                target -= costs[i]
+        queues = [sorted(q, key=lambda i: -costs[i]) for q in queues]
+    else:
+        loads = [0] * workers
+        for i in order:
+            w = loads.index(min(loads))
+            queues[w].append(i)
+            loads[w] += costs[i]
+    return [deque(q) for q in queues]
+
+
+def _next_run(queues: list[deque[int]], w: int) -> int | None:
+    """Thread ``w``'s next run: its own longest left, else another's shortest left
+    (deque pops are atomic: threads share the queues without a lock)."""
+    try:
+        return queues[w].popleft()
+    except IndexError:
+        pass
+    for other in queues:
+        try:
+            return other.pop()
+        except IndexError:
+            continue
+    return None
 
 
 def _merge_spans(ranges: list[Span], gap: int) -> list[Span]:
