@@ -10,11 +10,13 @@ end of the file: the head and the tail are read at once (without a known size,
 the tail is a suffix read that tells it); when ``moov`` is in neither, the box
 sizes lead straight to it (``_mp4``). ``frames_at`` then maps every timestamp to
 the nearest frame, each frame to the keyframe it is decoded from, and fetches the
-bytes of those samples in ONE round trip (one ``read_ranges`` call per group of
-nearby GOPs, all at once; adjacent samples merged into one range). Each run of
-samples from a keyframe decodes with PyAV in a worker thread as soon as its bytes
-are in, in parallel with the others (one thread per core for the process),
-without a demuxer: ``av.CodecContext`` is fed the samples as packets, with the
+bytes of those samples in ONE round trip: every group of nearby GOPs at once,
+streamed in order (``iter_bytes``) from a source that can, else one
+``read_ranges`` call. Each run of samples from a keyframe decodes with PyAV in a
+worker thread (one thread per core for the process; the runs split between them
+so that they end together), and the thread feeds each sample to its decoder as
+soon as the sample is in: decoding starts with the first bytes, not the last.
+There is no demuxer: ``av.CodecContext`` is fed the samples as packets, with the
 codec configuration box of the sample description as extradata.
 
 Timestamps are FFmpeg's: ``Frames.pts`` equals the ``frame.time`` PyAV gives when
