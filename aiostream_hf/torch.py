@@ -18,6 +18,7 @@ so ``StatefulDataLoader`` checkpoints each worker's exact position.
 
 from __future__ import annotations
 
+import abc
 import os
 from collections.abc import Iterator
 from typing import Any, Protocol
@@ -74,8 +75,9 @@ class _StreamIterable(torch.utils.data.IterableDataset[Any]):
         self._stream: _Resumable | None = None
         self._pending_state: dict[str, Any] | None = None
 
+    @abc.abstractmethod
     def _open(self, consumer: int, consumers: int) -> _Resumable:
-        raise NotImplementedError
+        """The stream of consumer ``consumer`` of ``consumers`` (rank x worker)."""
 
     def set_epoch(self, epoch: int) -> None:
         """Shuffle orders depend on (seed, epoch); persistent workers see it too."""

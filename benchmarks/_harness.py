@@ -7,9 +7,11 @@ imported as ``_harness`` from the folder the script lies in.
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import os
 import platform
+import resource
 import statistics
 import sys
 import time
@@ -20,11 +22,14 @@ from pathlib import Path
 from typing import Any
 
 __all__ = [
+    "add_quiet_options",
     "cpu_seconds",
     "environment",
     "library_fingerprint",
     "machine_busy_seconds",
     "median",
+    "process_usage",
+    "quiet_parameters",
     "rotations",
     "server_process",
     "vm_hwm",
@@ -114,6 +119,57 @@ def vm_hwm() -> int | None:
     except OSError:
         pass
     return None
+
+
+def process_usage() -> dict[str, Any]:
+    """CPU time and page faults of this process and the children it waited for, and
+    its peak RSS (``vm_hwm``): what a worker reports when it is done."""
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return {
+        "vm_hwm": vm_hwm(),
+        "cpu_user": own.ru_utime + children.ru_utime,
+        "cpu_system": own.ru_stime + children.ru_stime,
+        "minor_faults": own.ru_minflt + children.ru_minflt,
+        "major_faults": own.ru_majflt + children.ru_majflt,
+    }
+
+
+def add_quiet_options(p: argparse.ArgumentParser) -> None:
+    """The options that keep runs on a quiet machine: ``--idle-cpus``, ``--idle-wait``
+    (None: 60 s, 5 s with ``--quick``; see ``quiet_parameters``), ``--max-noise``,
+    ``--retries``."""
+    p.add_argument(
+        "--idle-cpus",
+        type=float,
+        default=0.3,
+        help="before each run, wait until the rest of the machine uses at most this many "
+        "CPUs (0 to never wait)",
+    )
+    p.add_argument(
+        "--idle-wait", type=float, default=None, help="longest such wait, s (60; 5 with --quick)"
+    )
+    p.add_argument(
+        "--max-noise",
+        type=float,
+        default=0.25,
+        help="repeat a run during which the rest of the machine kept more than this many "
+        "CPUs busy on average",
+    )
+    p.add_argument("--retries", type=int, default=2, help="at most this many repeats of a run")
+
+
+def quiet_parameters(args: argparse.Namespace) -> dict[str, float]:
+    """The quiet-machine options as parsed (``--idle-wait`` settled), as the results
+    record them; sets ``args.idle_wait`` too."""
+    if args.idle_wait is None:
+        args.idle_wait = 5.0 if getattr(args, "quick", False) else 60.0
+    return {
+        "idle_cpus": args.idle_cpus,
+        "idle_wait": args.idle_wait,
+        "max_noise_cpus": args.max_noise,
+        "retries": args.retries,
+    }
 
 
 def server_process(hub: Any) -> Any:

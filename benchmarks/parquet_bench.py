@@ -106,7 +106,6 @@ def _touch_image(row: dict[str, Any]) -> int:
 
 
 def _worker(spec: dict[str, Any]) -> dict[str, Any]:
-    import resource
 
     contender = spec["contender"]
     touch = _touch_image if spec["workload"] == "image" else _touch_text
@@ -230,21 +229,13 @@ def _worker(spec: dict[str, Any]) -> dict[str, Any]:
     else:
         raise SystemExit(f"unknown contender {contender!r}")
 
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    children = resource.getrusage(resource.RUSAGE_CHILDREN)
     out.update(
         rows=rows,
         touched=touched,
         import_seconds=t0 - _MODULE_START,
         seconds=elapsed,
         time_to_first_row=first,
-        # VmHWM: this process's own high-water mark. Not ru_maxrss, which Linux
-        # carries over exec from the parent's memory (vfork/posix_spawn).
-        vm_hwm=_harness.vm_hwm(),
-        cpu_user=usage.ru_utime + children.ru_utime,
-        cpu_system=usage.ru_stime + children.ru_stime,
-        minor_faults=usage.ru_minflt + children.ru_minflt,
-        major_faults=usage.ru_majflt + children.ru_majflt,
+        **_harness.process_usage(),
     )
     return out
 
@@ -646,24 +637,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workloads", default="text,image", help="comma-separated: text,image")
     p.add_argument("--contenders", default=None, help="comma-separated subset (default: all)")
     p.add_argument("--skip-rss", action="store_true", help="skip the ~3 GB peak-RSS check")
-    p.add_argument(
-        "--idle-cpus",
-        type=float,
-        default=0.3,
-        help="before each run, wait until the rest of the machine uses at most this many "
-        "CPUs (0 to never wait)",
-    )
-    p.add_argument(
-        "--idle-wait", type=float, default=None, help="longest such wait, s (60; 5 with --quick)"
-    )
-    p.add_argument(
-        "--max-noise",
-        type=float,
-        default=0.25,
-        help="repeat a run during which the rest of the machine kept more than this many "
-        "CPUs busy on average",
-    )
-    p.add_argument("--retries", type=int, default=2, help="at most this many repeats of a run")
+    _harness.add_quiet_options(p)
     p.add_argument("--data-dir", type=Path, default=HERE / ".data")
     p.add_argument("--out", type=Path, default=None, help="results JSON path")
     p.add_argument("--worker", help=argparse.SUPPRESS)
@@ -684,8 +658,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
-    if args.idle_wait is None:
-        args.idle_wait = 5.0 if args.quick else 60.0
+    quiet = _harness.quiet_parameters(args)
 
     profile_name = "quick" if args.quick else "full"
     profile = PROFILES[profile_name]
@@ -716,10 +689,7 @@ def main(argv: list[str] | None = None) -> int:
         "image_mode": "bytes only: datasets cast_column('image', Image(decode=False)); "
         "all sides touch len(row['image']['bytes'])",
         "text_touch": "dict-rows sides touch len(row['text']); arrow sides count batch.num_rows",
-        "max_noise_cpus": args.max_noise,
-        "retries": args.retries,
-        "idle_cpus": args.idle_cpus,
-        "idle_wait": args.idle_wait,
+        **quiet,
         "rss_prefetch_bytes": RSS_PREFETCH_BYTES,
         "rss_limit": RSS_PREFETCH_BYTES + RSS_ALLOWANCE,
     }

@@ -80,8 +80,6 @@ def _signal_first_batch() -> float:
 
 
 def _worker(spec: dict[str, Any]) -> dict[str, Any]:
-    import resource
-
     import torch.utils.data
 
     contender = spec["contender"]
@@ -123,8 +121,7 @@ def _worker(spec: dict[str, Any]) -> dict[str, Any]:
                 break
     elapsed = time.perf_counter() - t0 - pause
     del loader  # shut the workers down before measuring CPU
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    usage = _harness.process_usage()
     return {
         "contender": contender,
         "mode": spec["mode"],
@@ -136,7 +133,7 @@ def _worker(spec: dict[str, Any]) -> dict[str, Any]:
         "batches": batches,
         "rows": rows,
         "distinct_ids": len(ids),
-        "cpu_seconds": usage.ru_utime + usage.ru_stime + children.ru_utime + children.ru_stime,
+        "cpu_seconds": usage["cpu_user"] + usage["cpu_system"],
     }
 
 

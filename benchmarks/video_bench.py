@@ -441,15 +441,13 @@ def _lerobot_worker(spec: dict[str, Any]) -> dict[str, Any]:
 
 
 def _worker(spec: dict[str, Any]) -> dict[str, Any]:
-    import resource
-
     run = _frames_worker if spec["workload"] == "frames" else _lerobot_worker
     out = run(spec)
-    usage = resource.getrusage(resource.RUSAGE_SELF)
+    usage = _harness.process_usage()
     out.update(
         contender=spec["contender"],
-        vm_hwm=_harness.vm_hwm(),
-        cpu_seconds=usage.ru_utime + usage.ru_stime,
+        vm_hwm=usage["vm_hwm"],
+        cpu_seconds=usage["cpu_user"] + usage["cpu_system"],
     )
     return out
 
@@ -815,24 +813,7 @@ def main(argv: list[str] | None = None) -> int:
         default=50.0,
         help="also run frames with this per-connection bandwidth cap, MB/s (0: skip)",
     )
-    p.add_argument(
-        "--idle-cpus",
-        type=float,
-        default=0.3,
-        help="before each run, wait until the rest of the machine uses at most this many "
-        "CPUs (0 to never wait)",
-    )
-    p.add_argument(
-        "--idle-wait", type=float, default=None, help="longest such wait, s (60; 5 with --quick)"
-    )
-    p.add_argument(
-        "--max-noise",
-        type=float,
-        default=0.25,
-        help="repeat a run during which the rest of the machine kept more than this many "
-        "CPUs busy on average",
-    )
-    p.add_argument("--retries", type=int, default=2, help="at most this many repeats of a run")
+    _harness.add_quiet_options(p)
     p.add_argument("--prepare", action="store_true", help="generate the data and stop")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -845,8 +826,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from aiostream_hf.testing import Faults, HubServer
 
-    if args.idle_wait is None:
-        args.idle_wait = 5.0 if args.quick else 60.0
+    quiet = _harness.quiet_parameters(args)
     QUIET.update(
         idle_cpus=args.idle_cpus,
         idle_wait=args.idle_wait,
@@ -889,10 +869,7 @@ def main(argv: list[str] | None = None) -> int:
             "timing": "fresh process per run; from after the imports (lazy ones included: "
             "LAZY_IMPORTS) to the last frame/item",
             "lazy_imports": LAZY_IMPORTS,
-            "idle_cpus": args.idle_cpus,
-            "idle_wait": args.idle_wait,
-            "max_noise_cpus": args.max_noise,
-            "retries": args.retries,
+            **quiet,
         },
         "workloads": {},
         "ratios": [],

@@ -87,7 +87,6 @@ RATIOS = [  # (workload, numerator, denominator, target)
 
 
 def _worker(spec: dict[str, Any]) -> dict[str, Any]:
-    import resource
 
     contender = spec["contender"]
     out: dict[str, Any] = {"contender": contender}
@@ -153,17 +152,13 @@ def _worker(spec: dict[str, Any]) -> dict[str, Any]:
     else:
         raise SystemExit(f"unknown contender {contender!r}")
 
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    children = resource.getrusage(resource.RUSAGE_CHILDREN)
     out.update(
         samples=samples,
         touched=touched,
         import_seconds=t0 - _MODULE_START,
         seconds=elapsed,
         time_to_first_sample=first,
-        vm_hwm=_harness.vm_hwm(),
-        cpu_user=usage.ru_utime + children.ru_utime,
-        cpu_system=usage.ru_stime + children.ru_stime,
+        **_harness.process_usage(),
     )
     return out
 
