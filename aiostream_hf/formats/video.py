@@ -136,6 +136,8 @@ class VideoStatistics:
     packets_decoded: samples fed to the decoder.
     decoder_starts: decodes started afresh at a keyframe.
     decoder_reuses: decodes that continued the decoder state of the call before.
+    decoders_created: decoders made; a decode thread flushes the one it is done with
+        and starts its next run with it (the last run's is kept for the next call).
     flushes: decodes that had to drain the decoder (its state is then dropped).
     frames_returned: frames handed out, repeats included.
     """
@@ -149,6 +151,7 @@ class VideoStatistics:
     packets_decoded: int = 0
     decoder_starts: int = 0
     decoder_reuses: int = 0
+    decoders_created: int = 0
     flushes: int = 0
     frames_returned: int = 0
 
@@ -394,6 +397,7 @@ class VideoReader:
                 arrivals.close()
 
         def decode_runs(w: int) -> None:  # worker thread: runs until none is left
+            spare: VideoCodecContext | None = None  # this thread's decoder, free again
             while not stop.is_set():
                 i = _next_run(queues, w)
                 if i is None:
@@ -404,7 +408,18 @@ class VideoReader:
                     if arrivals is None
                     else functools.partial(_take_sample, table, arrivals, stop)
                 )
-                results[i] = index.decode_run(run, state if run.reuse else None, sample, threads)
+                # The last run's decoder (and its last frames) are kept for the next call.
+                last = i == len(runs) - 1
+                result = index.decode_run(
+                    run,
+                    state if run.reuse else None,
+                    sample,
+                    threads,
+                    spare=None if run.reuse else spare,
+                    recent=_RECENT if last else 0,
+                )
+                results[i] = result
+                spare = None if last else result.decoder
 
         async def convert() -> None:
             images.update(await anyio.to_thread.run_sync(_to_rgb, hits, limiter=limiter))
@@ -789,6 +804,7 @@ class _RunResult:
     counts: dict[str, int]
     state: _State | None
     depth: int
+    decoder: VideoCodecContext  # the decoder it used (state, if kept, holds it too)
 
 
 class _Indexed:
@@ -905,7 +921,14 @@ class _Indexed:
         return int(self.cumsize[last + 1] - self.cumsize[first]) if last >= first else 0
 
     def decode_run(
-        self, run: _Run, state: _State | None, sample: _SampleBytes, threads: int = 0
+        self,
+        run: _Run,
+        state: _State | None,
+        sample: _SampleBytes,
+        threads: int = 0,
+        *,
+        spare: VideoCodecContext | None = None,
+        recent: int = _RECENT,
     ) -> _RunResult:
         """Feed ``run``'s samples to a decoder (``state``'s when it continues it); the frames
         of its targets (worker thread). Touches nothing shared: runs decode in parallel.
@@ -913,15 +936,23 @@ class _Indexed:
         ``sample(n)`` gives sample ``n``'s bytes (it may wait for them to arrive).
         ``threads``: the threads of a new decoder (0: FFmpeg's choice); 1 when runs
         decode in parallel, which then keep the cores busy without oversubscribing them.
+        ``spare``: a decoder done with, flushed and used instead of a new one (its frame
+        buffers are already allocated). ``recent``: output frames kept for the next call.
         """
         table = self.table
         counts: dict[str, int] = {}
         if run.reuse and state is not None:
             counts["decoder_reuses"] = 1
         else:
-            state = _State(self._new_context(threads), run.key, run.start, None)
+            if spare is not None:
+                spare.flush_buffers()  # as new: the run starts at a keyframe
+                context = spare
+            else:
+                context = self._new_context(threads)
+                counts["decoders_created"] = 1
+            state = _State(context, run.key, run.start, None)
             counts["decoder_starts"] = 1
-        result = _RunResult({}, deque(maxlen=_RECENT), counts, state, 0)
+        result = _RunResult({}, deque(maxlen=recent), counts, state, 0, state.context)
         pending = {int(table.cts[t]): t for t in run.targets}
         context = state.context
         time_base = self.time_base

@@ -340,6 +340,27 @@ async def test_frames_at_matches_pyav(videos: Videos, name: str) -> None:
         assert_frames(oracle, everything, t)
 
 
+@pytest.mark.parametrize("name", ["h264-gop25-moov-end", "hevc-open-gop"])
+async def test_a_decoder_is_flushed_and_used_again_for_a_later_run(
+    videos: Videos, monkeypatch: pytest.MonkeyPatch, name: str
+) -> None:
+    """Two decode threads, four or five runs (an open GOP's leading frames join two):
+    each thread flushes its decoder after a run and starts its next run with it, and
+    the frames are still PyAV's. (LeRobot's AV1 items are checked the same way.)"""
+    monkeypatch.setattr(video, "_cores", lambda: 2)
+    oracle = videos[name]
+    keys = [i for i, (_, _, _, is_key) in enumerate(oracle.packets) if is_key]
+    assert len(keys) >= 5
+    by_decode = sorted(oracle.times)  # few B-frames: a keyframe's next frames are near it
+    times = [by_decode[min(k + 2, len(by_decode) - 1)] for k in keys[:5]]
+    async with video.open(oracle.path, fetcher=LocalSource(oracle.path)) as reader:
+        assert_frames(oracle, await reader.frames_at(times), times)
+        stats = reader.statistics()
+        assert stats.decoder_starts >= 4
+        assert stats.decoders_created <= 3  # one per thread, and the kept last run's
+        assert_frames(oracle, await reader.frames_at(times[::-1]), times[::-1])
+
+
 @pytest.mark.parametrize("name", list(SPECS))
 async def test_metadata(videos: Videos, name: str) -> None:
     oracle = videos[name]
@@ -474,8 +495,8 @@ async def test_runs_decode_as_their_bytes_arrive(
     decoded = anyio.Event()
     decode_run = video._Indexed.decode_run
 
-    def traced(self: Any, run: Any, *args: Any) -> Any:
-        result = decode_run(self, run, *args)
+    def traced(self: Any, run: Any, *args: Any, **kwargs: Any) -> Any:
+        result = decode_run(self, run, *args, **kwargs)
         if run.key == 0:
             anyio.from_thread.run_sync(decoded.set)
         return result
@@ -549,9 +570,9 @@ def trace_decode_starts(monkeypatch: pytest.MonkeyPatch) -> anyio.Event:
     started = anyio.Event()
     decode_run = video._Indexed.decode_run
 
-    def traced(self: Any, run: Any, *args: Any) -> Any:
+    def traced(self: Any, run: Any, *args: Any, **kwargs: Any) -> Any:
         anyio.from_thread.run_sync(started.set)
-        return decode_run(self, run, *args)
+        return decode_run(self, run, *args, **kwargs)
 
     monkeypatch.setattr(video._Indexed, "decode_run", traced)
     return started
