@@ -374,9 +374,13 @@ class VideoReader:
         streams = _streaming(source)
         gap = _coalesce_gap(source)
         # Where each run's samples arrive, set up before anything is read.
+        costs = [_run_cost(run) for run in runs]
         reads: list[tuple[_Arrivals, list[Span]]] = []
         arrivals_of: list[_Arrivals | None] = [None] * len(runs)  # None: feeds nothing
-        for group in _fetch_groups(table, runs, gap):
+        # Requests go out longest run first: the threads start with those, and a server
+        # answers (more or less) in order.
+        groups = _fetch_groups(table, runs, gap)
+        for group in sorted(groups, key=lambda g: -max(costs[i] for i in g)):
             ranges = _byte_ranges(table, [runs[i] for i in group])
             if ranges:
                 arrivals = _Arrivals(ranges if streams is None else _merge_spans(ranges, gap))
@@ -384,7 +388,7 @@ class VideoReader:
                 for i in group:
                     arrivals_of[i] = arrivals
         workers = min(_cores(), len(runs))
-        queues = _assign([_run_cost(run) for run in runs], workers)
+        queues = _assign(costs, workers)
         stop = threading.Event()  # the decode threads stop at their next sample
         arrived = anyio.Event()  # the first bytes are in (or there are none to read)
         if not reads:
