@@ -605,6 +605,24 @@ async def test_a_streamed_run_decodes_while_its_bytes_arrive(
         assert reader.statistics().frame_bytes == fetched[1] - fetched[0]
 
 
+async def test_the_longest_run_is_requested_first(
+    videos: Videos, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Requests go out longest run first: a server answers roughly in order, and the
+    decode threads start with the longest runs."""
+    monkeypatch.setattr(video, "_VIDEO_COALESCE_GAP", 0)  # one read per GOP
+    oracle = videos["h264-gop25-moov-end"]
+    times = [oracle.times[2], oracle.times[60], oracle.times[110]]  # runs of 3, 11, 11
+    source = StreamingSource(oracle.path)
+    async with video.open(oracle.path, fetcher=source) as reader:
+        mark = len(source.calls)
+        assert_frames(oracle, await reader.frames_at(times), times)
+    starts = [ranges[0][0] for _, ranges in source.calls[mark:]]
+    first_gop = oracle.packets[0][1]
+    assert len(starts) == 3
+    assert starts[-1] == first_gop  # the short run's read goes last
+
+
 async def test_streamed_reads_give_the_frames_of_read_ranges(videos: Videos) -> None:
     """Streamed and whole reads decode to the same frames, one request per group of GOPs."""
     for name in ("h264-gop25-moov-end", "h264-delay-audio", "h264-gop2"):
