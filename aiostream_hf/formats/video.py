@@ -33,7 +33,6 @@ on the bytes in memory: correct, not minimal.
 
 from __future__ import annotations
 
-import bisect
 import functools
 import io
 import os
@@ -67,6 +66,7 @@ from .._exceptions import (
 )
 from .._resolver import FileRef
 from . import ByteSource, StreamSource
+from ._arrivals import Arrivals, Span, Unfinished, merge_spans
 from ._mp4 import (
     BOX_HEADER_MAX,
     HEAD_READ_SIZE,
@@ -77,6 +77,7 @@ from ._mp4 import (
     parse_moov,
     read_box_header,
 )
+from ._split import next_job, split
 
 if TYPE_CHECKING:
     from .._options import StreamOptions
@@ -106,7 +107,6 @@ _MARGIN_BUDGET = 0.5
 _RECENT = 8  # decoded frames kept for the next call
 
 Array: TypeAlias = npt.NDArray[Any]
-Span: TypeAlias = tuple[int, int]  # bytes [start, end) of the file
 _SampleBytes: TypeAlias = "Callable[[int], bytes | memoryview]"  # sample -> its bytes
 _STREAM_BLOCK = 64 * 1024  # a streamed read hands its bytes on in blocks of this size
 
@@ -375,20 +375,20 @@ class VideoReader:
         gap = _coalesce_gap(source)
         # Where each run's samples arrive, set up before anything is read.
         costs = [_run_cost(run) for run in runs]
-        reads: list[tuple[_Arrivals, list[Span]]] = []
-        arrivals_of: list[_Arrivals | None] = [None] * len(runs)  # None: feeds nothing
+        reads: list[tuple[Arrivals, list[Span]]] = []
+        arrivals_of: list[Arrivals | None] = [None] * len(runs)  # None: feeds nothing
         # Requests go out longest run first: the threads start with those, and a server
         # answers (more or less) in order.
         groups = _fetch_groups(table, runs, gap)
         for group in sorted(groups, key=lambda g: -max(costs[i] for i in g)):
             ranges = _byte_ranges(table, [runs[i] for i in group])
             if ranges:
-                arrivals = _Arrivals(ranges if streams is None else _merge_spans(ranges, gap))
+                arrivals = Arrivals(ranges if streams is None else merge_spans(ranges, gap))
                 reads.append((arrivals, ranges))
                 for i in group:
                     arrivals_of[i] = arrivals
         workers = min(_cores(), len(runs))
-        queues = _assign(costs, workers)
+        queues = split(costs, workers)
         stop = threading.Event()  # the decode threads stop at their next sample
         arrived = anyio.Event()  # the first bytes are in (or there are none to read)
         if not reads:
@@ -403,7 +403,7 @@ class VideoReader:
         def decode_runs(w: int) -> None:  # worker thread: runs until none is left
             spare: VideoCodecContext | None = None  # this thread's decoder, free again
             while not stop.is_set():
-                i = _next_run(queues, w)
+                i = next_job(queues, w)
                 if i is None:
                     return
                 run, arrivals = runs[i], arrivals_of[i]
@@ -428,7 +428,7 @@ class VideoReader:
         async def convert() -> None:
             images.update(await anyio.to_thread.run_sync(_to_rgb, hits, limiter=limiter))
 
-        async def read(arrivals: _Arrivals, ranges: list[Span]) -> None:
+        async def read(arrivals: Arrivals, ranges: list[Span]) -> None:
             try:
                 buffers = await source.read_ranges(self.file, ranges)
                 for k, ((start, end), buf) in enumerate(zip(ranges, buffers, strict=True)):
@@ -443,7 +443,7 @@ class VideoReader:
                 arrivals.close()  # a thread still waiting for bytes gives up
                 self._count("frame_bytes", arrivals.received())
 
-        async def stream(streams: StreamSource, arrivals: _Arrivals, k: int) -> None:
+        async def stream(streams: StreamSource, arrivals: Arrivals, k: int) -> None:
             start, end = arrivals.spans[k]
             try:
                 async with streams.iter_bytes(
@@ -464,7 +464,7 @@ class VideoReader:
         async def guarded(work: Callable[..., Awaitable[None]], *args: Any) -> None:
             try:
                 await work(*args)
-            except _Unfinished:
+            except Unfinished:
                 return  # the bytes stopped coming, or the call is ending: not the cause
             except Exception as exc:  # re-raised below, as it was raised
                 failures.append(exc)
@@ -1152,144 +1152,17 @@ def _run_cost(run: _Run) -> int:
     return max(0, run.end - run.start + 1) + (0 if run.reuse else _RUN_START_COST)
 
 
-def _assign(costs: list[int], workers: int) -> list[deque[int]]:
-    """The runs (by position) each of ``workers`` decode threads takes, longest first,
-    split so that the threads end together: exactly for two threads (the subset of
-    costs whose sum is nearest half the total), longest-first to the least loaded for
-    more. A thread that runs out takes the shortest runs left to another (``_next_run``).
-    """
-    order = sorted(range(len(costs)), key=lambda i: -costs[i])
-    if workers <= 1:
-        return [deque(order)]
-    queues: list[list[int]] = [[] for _ in range(workers)]
-    total = sum(costs)
-    if workers == 2 and total <= 1 << 16:
-        reach = [1]  # bit s of reach[k]: some of the first k runs of `order` cost s in all
-        for i in order:
-            reach.append(reach[-1] | (reach[-1] << costs[i]))
-        target = (reach[-1] & ((2 << (total // 2)) - 1)).bit_length() - 1
-        for k in range(len(order) - 1, -1, -1):
-            i = order[k]
-            if (reach[k] >> target) & 1:
-                queues[1].append(i)
-            else:  # the sum needs run i
-                queues[0].append(i)
-                target -= costs[i]
-        queues = [sorted(q, key=lambda i: -costs[i]) for q in queues]
-    else:
-        loads = [0] * workers
-        for i in order:
-            w = loads.index(min(loads))
-            queues[w].append(i)
-            loads[w] += costs[i]
-    return [deque(q) for q in queues]
-
-
-def _next_run(queues: list[deque[int]], w: int) -> int | None:
-    """Thread ``w``'s next run: its own longest left, else another's shortest left
-    (deque pops are atomic: threads share the queues without a lock)."""
-    try:
-        return queues[w].popleft()
-    except IndexError:
-        pass
-    for other in queues:
-        try:
-            return other.pop()
-        except IndexError:
-            continue
-    return None
-
-
-def _merge_spans(ranges: list[Span], gap: int) -> list[Span]:
-    """Sorted ranges merged across gaps under ``gap``: the reads that serve them."""
-    spans: list[Span] = []
-    for start, end in ranges:
-        if spans and start - spans[-1][1] < gap:
-            spans[-1] = (spans[-1][0], max(spans[-1][1], end))
-        else:
-            spans.append((start, end))
-    return spans
-
-
 def _no_samples(n: int) -> bytes:
     raise AssertionError(f"sample {n} was not fetched")  # a run fed nothing asks for nothing
 
 
 def _take_sample(
-    table: SampleTable, arrivals: _Arrivals, stop: threading.Event, n: int
+    table: SampleTable, arrivals: Arrivals, stop: threading.Event, n: int
 ) -> memoryview:
     if stop.is_set():
-        raise _Unfinished("the call is ending")
+        raise Unfinished("the call is ending")
     offset = int(table.offset[n])
     return arrivals.take(offset, offset + int(table.size[n]))
-
-
-class _Unfinished(Exception):
-    """A decode thread stopped: the bytes it waited for will not come, or the call ended."""
-
-
-class _Arrivals:
-    """The bytes of a few spans of a file as they are read (on the event loop), for
-    decode threads that take each sample as soon as it is in (``take`` waits for it)."""
-
-    def __init__(self, spans: list[Span]) -> None:
-        self.spans = spans
-        self._starts = [start for start, _ in spans]
-        self._filled = list(self._starts)  # per span: everything before this is in
-        self._offsets: list[list[int]] = [[] for _ in spans]
-        self._blocks: list[list[bytes]] = [[] for _ in spans]
-        self._ended = [False] * len(spans)
-        self._changed = threading.Condition()
-
-    def add(self, k: int, block: bytes) -> None:
-        with self._changed:
-            self._offsets[k].append(self._filled[k])
-            self._blocks[k].append(block)
-            self._filled[k] += len(block)
-            self._changed.notify_all()
-
-    def close(self, k: int | None = None) -> None:
-        """Span ``k``'s read (every span's, by default) ended: nothing more will come."""
-        with self._changed:
-            for j in range(len(self.spans)) if k is None else [k]:
-                self._ended[j] = True
-            self._changed.notify_all()
-
-    def received(self, k: int | None = None) -> int:
-        """Bytes in, of span ``k`` (of every span, by default)."""
-        if k is None:
-            return sum(self._filled) - sum(self._starts)
-        return self._filled[k] - self._starts[k]
-
-    def take(self, start: int, end: int) -> memoryview:
-        """Bytes ``[start, end)``, once they are in (worker thread: blocks until then).
-        Raises ``_Unfinished`` if the read ended without them."""
-        k = self._span(start)
-        with self._changed:
-            while self._filled[k] < end:
-                if self._ended[k]:
-                    raise _Unfinished(f"bytes {start}-{end - 1} never came")
-                self._changed.wait()
-        offsets, blocks = self._offsets[k], self._blocks[k]
-        i = bisect.bisect_right(offsets, start) - 1
-        first = blocks[i]
-        at = start - offsets[i]
-        if at + (end - start) <= len(first):
-            return memoryview(first)[at : at + end - start]
-        pieces = [memoryview(first)[at:]]
-        got = len(first) - at
-        while got < end - start:
-            i += 1
-            piece = memoryview(blocks[i])[: end - start - got]
-            pieces.append(piece)
-            got += len(piece)
-        return memoryview(b"".join(pieces))
-
-    def _span(self, start: int) -> int:
-        k = bisect.bisect_right(self._starts, start) - 1
-        if k < 0 or start >= self.spans[k][1]:
-            raise AssertionError(f"byte {start} is in no span of {self.spans}")
-        return k
 
 
 # -- the fallback: the whole file, demuxed by FFmpeg -------------------------------------

@@ -998,23 +998,3 @@ async def test_with_range_fetcher(videos: Videos) -> None:
             assert_frames(oracle, await reader.frames_at(times), times)
             assert len(seen) == 2 + reader.statistics().frame_requests
             assert reader.statistics().frame_requests <= 2  # one per GOP at most
-
-
-@pytest.mark.parametrize("workers", [1, 2, 3])
-def test_runs_are_split_between_decode_threads_to_end_together(workers: int) -> None:
-    """Every run goes to one thread, each thread's longest first; with two threads the
-    split is the best there is (here: a perfect one), where longest-first-to-the-least-
-    loaded would leave one thread 43 samples behind."""
-    costs = [147, 133, 106, 100, 80, 13, 7]
-    queues = video._assign(costs, workers)
-    assert len(queues) == workers
-    assert sorted(i for q in queues for i in q) == list(range(len(costs)))
-    for q in queues:
-        assert [costs[i] for i in q] == sorted((costs[i] for i in q), reverse=True)
-    loads = sorted(sum(costs[i] for i in q) for q in queues)
-    if workers == 2:
-        assert loads == [293, 293]
-    taken = []
-    while (i := video._next_run(queues, 0)) is not None:  # thread 0 alone takes them all
-        taken.append(i)
-    assert sorted(taken) == list(range(len(costs)))
