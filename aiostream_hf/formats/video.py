@@ -432,11 +432,7 @@ class VideoReader:
             try:
                 buffers = await source.read_ranges(self.file, ranges)
                 for k, ((start, end), buf) in enumerate(zip(ranges, buffers, strict=True)):
-                    if len(buf) != end - start:
-                        raise DecodeError(
-                            f"{self.file.path}: asked for bytes {start}-{end - 1}, "
-                            f"got {len(buf)} bytes"
-                        )
+                    _check_length(self.file, start, end, len(buf))
                     arrivals.add(k, buf)
                     arrived.set()
             finally:
@@ -455,11 +451,7 @@ class VideoReader:
             finally:
                 arrivals.close(k)
                 self._count("frame_bytes", arrivals.received(k))
-            if arrivals.received(k) != end - start:
-                raise DecodeError(
-                    f"{self.file.path}: asked for bytes {start}-{end - 1}, "
-                    f"got {arrivals.received(k)} bytes"
-                )
+            _check_length(self.file, start, end, arrivals.received(k))
 
         async def guarded(work: Callable[..., Awaitable[None]], *args: Any) -> None:
             try:
@@ -596,10 +588,7 @@ class _Reads:
             buffers = await self.source.read_ranges(self.file, wanted)
             for (lo, hi), data in zip(wanted, buffers, strict=True):
                 _count_index_read(self.stats, data)
-                if len(data) != hi - lo:
-                    raise DecodeError(
-                        f"{self.file.path}: asked for bytes {lo}-{hi - 1}, got {len(data)}"
-                    )
+                _check_length(self.file, lo, hi, len(data))
                 self.add(lo, data)
         pieces: list[bytes] = []
         pos = start
@@ -626,6 +615,13 @@ class _Reads:
         if pos < end:
             holes.append((pos, end))
         return holes
+
+
+def _check_length(file: FileRef, start: int, end: int, got: int) -> None:
+    """A read of bytes ``[start, end)`` that brought ``got`` bytes: the right number, or
+    a DecodeError naming them."""
+    if got != end - start:
+        raise DecodeError(f"{file.path}: asked for bytes {start}-{end - 1}, got {got} bytes")
 
 
 def _count_index_read(stats: dict[str, Any], data: bytes) -> None:
@@ -662,10 +658,7 @@ async def _read_ends(file: FileRef, source: ByteSource, stats: dict[str, Any]) -
         reads = _Reads(file, source, size, stats)
         for (start, end), data in zip(ranges, buffers, strict=True):
             _count_index_read(stats, data)
-            if len(data) != end - start:
-                raise DecodeError(
-                    f"{file.path}: asked for bytes {start}-{end - 1}, got {len(data)} bytes"
-                )
+            _check_length(file, start, end, len(data))
             reads.add(start, data)
         return reads
 
@@ -1094,9 +1087,9 @@ def _coalesce_gap(source: ByteSource) -> int:
 
 
 def _fetch_groups(table: SampleTable, runs: list[_Run], gap: int) -> list[list[int]]:
-    """The runs (by position) fetched with one ``read_ranges`` call: those whose bytes lie
-    closer than ``gap``, which one request serves anyway; the others apart, so that each
-    decodes as soon as its bytes are in. A run that feeds nothing has no bytes."""
+    """The runs (by position) fetched together: those whose bytes lie closer than
+    ``gap``, which one request serves anyway; the others apart, each in its own
+    requests. A run that feeds nothing has no bytes."""
     spans: list[tuple[int, int, int]] = []  # first byte, end, run
     empty: list[list[int]] = []
     for i, run in enumerate(runs):
