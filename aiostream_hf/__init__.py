@@ -21,9 +21,9 @@ from ._exceptions import RetriesExhaustedError as RetriesExhaustedError
 from ._exceptions import RevisionNotFoundError as RevisionNotFoundError
 from ._exceptions import SourceError as SourceError
 from ._exceptions import SplitNotFoundError as SplitNotFoundError
+from ._models import FileRef as FileRef
+from ._models import Manifest as Manifest
 from ._options import StreamOptions as StreamOptions
-from ._resolver import FileRef as FileRef
-from ._resolver import Manifest as Manifest
 from ._stream import Stream as Stream
 from ._stream import StreamStatistics as StreamStatistics
 from ._stream import stream as stream

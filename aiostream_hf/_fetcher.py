@@ -67,8 +67,8 @@ from ._exceptions import (
     RetriesExhaustedError,
     SourceError,
 )
+from ._models import FileRef
 from ._options import StreamOptions
-from ._resolver import FileRef
 from ._retry import backoff_delay, retry_after
 from ._transport import SchemeTransport, tls_context
 

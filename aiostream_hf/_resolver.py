@@ -43,7 +43,7 @@ import re
 import time
 from collections import Counter, OrderedDict
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Generic, TypeAlias, TypeVar, cast
@@ -67,6 +67,7 @@ from ._exceptions import (
     SourceError,
     SplitNotFoundError,
 )
+from ._models import FileRef, Manifest
 from ._options import StreamOptions
 from ._retry import backoff_delay, retry_after
 from ._sources import HubSource, LocalSource, Source, UrlSource, has_glob, parse_sources
@@ -75,8 +76,6 @@ __all__ = [
     "DATA_FILE_EXTENSIONS",
     "DEFAULT_ENDPOINT",
     "DataFiles",
-    "FileRef",
-    "Manifest",
     "Resolver",
     "ResolverStatistics",
 ]
@@ -101,7 +100,6 @@ DataFiles: TypeAlias = (
     "str | Sequence[str] | Mapping[str, str | Sequence[str]] | Sequence[Mapping[str, Any]]"
 )
 
-_MANIFEST_VERSION = 1
 _SHA = re.compile(r"^[0-9a-f]{40}$")
 _RETRY_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
 _MAX_RETRY_AFTER = 300.0  # the Hub's rate-limit window; a longer wait is not worth it
@@ -109,107 +107,6 @@ _MAX_RETRY_AFTER = 300.0  # the Hub's rate-limit window; a longer wait is not wo
 _MEMORY_WEIGHT = 2_000_000
 _LISTING_WEIGHT = 2_000_000
 _TRUE = frozenset({"1", "on", "yes", "true"})
-
-
-# --- the contract: FileRef and Manifest ------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class FileRef:
-    """One file to read.
-
-    url: where its bytes are read: a Hub ``/resolve/`` URL pinned to a commit
-        sha (``{endpoint}/datasets/{repo}/resolve/{sha}/{quoted path}``), an
-        http(s) URL, or a ``file://`` URL for a local file.
-    path: its path in the repo (a URL or local path for other sources).
-    size: bytes, when known (always for Hub and local files).
-    etag: the Hub's etag (sha256 for LFS files, git oid otherwise), when known.
-    split: the split the file belongs to.
-    """
-
-    url: str
-    path: str
-    size: int | None = None
-    etag: str | None = None
-    split: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class Manifest:
-    """The files of one selection (config, split) of a source, in read order.
-
-    ``splits`` maps every split of the selected config to its file count, so
-    errors and ``ls`` can list them; ``configs`` lists the source's configs.
-    ``split`` is None when no split was asked for and the config has several:
-    ``files`` then holds every split, in split order, each tagged with its split.
-    ``format`` is the decoder the files need ("parquet", "webdataset"), when known.
-
-    A manifest is picklable and JSON-serialisable (``to_json``/``from_json``), so a
-    torch Dataset resolves once and hands it to its workers.
-    """
-
-    files: tuple[FileRef, ...]
-    repo_id: str | None = None
-    commit: str | None = None
-    endpoint: str | None = None
-    config: str | None = None
-    split: str | None = None
-    configs: tuple[str, ...] = ()
-    splits: Mapping[str, int] = field(default_factory=dict)
-    format: str | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        """A JSON-able dict that ``Manifest.from_json`` turns back into this manifest."""
-        files = []
-        for f in self.files:
-            entry: dict[str, Any] = {"url": f.url, "path": f.path}
-            if f.size is not None:
-                entry["size"] = f.size
-            if f.etag is not None:
-                entry["etag"] = f.etag
-            if f.split is not None:
-                entry["split"] = f.split
-            files.append(entry)
-        return {
-            "version": _MANIFEST_VERSION,
-            "repo_id": self.repo_id,
-            "commit": self.commit,
-            "endpoint": self.endpoint,
-            "config": self.config,
-            "split": self.split,
-            "configs": list(self.configs),
-            "splits": dict(self.splits),
-            "format": self.format,
-            "files": files,
-        }
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> Manifest:
-        """The manifest that ``to_json`` described."""
-        if data.get("version") != _MANIFEST_VERSION:
-            raise ValueError(
-                f"manifest JSON version {data.get('version')!r} is not {_MANIFEST_VERSION}"
-            )
-        return cls(
-            files=tuple(
-                FileRef(
-                    url=f["url"],
-                    path=f["path"],
-                    size=f.get("size"),
-                    etag=f.get("etag"),
-                    split=f.get("split"),
-                )
-                for f in data["files"]
-            ),
-            repo_id=data.get("repo_id"),
-            commit=data.get("commit"),
-            endpoint=data.get("endpoint"),
-            config=data.get("config"),
-            split=data.get("split"),
-            configs=tuple(data.get("configs", ())),
-            splits={str(k): int(v) for k, v in data.get("splits", {}).items()},
-            format=data.get("format"),
-        )
 
 
 @dataclass(frozen=True, slots=True)

@@ -30,11 +30,12 @@ import pyarrow.compute as pc
 from ._bridge import SyncIterator
 from ._exceptions import ClosedResourceError, SourceError
 from ._fetcher import RangeFetcher
+from ._models import FileRef, Manifest
 from ._options import StreamOptions
 from ._prefetch import Job, Prefetcher
 from ._ranks import rank_and_world
 from ._readahead import Emit, Lane, LaneReadahead
-from ._resolver import FileRef, Manifest, Resolver
+from ._resolver import Resolver
 from ._sources import parse_sources
 from .formats import (
     ByteSource,

@@ -29,8 +29,8 @@ import torch.utils.data
 
 from . import _bridge, _ranks, _resolver
 from ._exceptions import SourceError
+from ._models import Manifest
 from ._options import StreamOptions
-from ._resolver import Manifest
 from ._stream import stream
 from .formats import lerobot
 

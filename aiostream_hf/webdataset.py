@@ -39,9 +39,10 @@ from typing import Any
 from . import _bridge
 from ._exceptions import SourceError
 from ._fetcher import RangeFetcher
+from ._models import FileRef, Manifest
 from ._options import StreamOptions
 from ._ranks import environment_rank
-from ._resolver import FileRef, Manifest, Resolver
+from ._resolver import Resolver
 from ._sources import HubSource, parse_sources
 from ._stream import Output, Stream
 from ._stream import stream as _stream

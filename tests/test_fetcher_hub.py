@@ -17,8 +17,8 @@ import pytest
 
 from aiostream_hf._exceptions import FetchError, FileChangedError
 from aiostream_hf._fetcher import RangeFetcher
+from aiostream_hf._models import FileRef
 from aiostream_hf._options import StreamOptions
-from aiostream_hf._resolver import FileRef
 from aiostream_hf.testing import Faults, HubServer, RateLimits, make_repo
 
 pytestmark = pytest.mark.anyio

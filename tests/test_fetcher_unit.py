@@ -29,8 +29,8 @@ from aiostream_hf._exceptions import (
     RetriesExhaustedError,
 )
 from aiostream_hf._fetcher import RangeFetcher, _ratelimit, coalesce_ranges
+from aiostream_hf._models import FileRef
 from aiostream_hf._options import StreamOptions
-from aiostream_hf._resolver import FileRef
 from aiostream_hf._retry import retry_after as _retry_after
 
 pytestmark = pytest.mark.anyio
@@ -907,9 +907,11 @@ async def test_tls_is_set_up_on_the_first_https_request_only() -> None:
         assert set(transport._pools) == {"http"}
         secure = transport._pool("https")
         assert set(transport._pools) == {"http", "https"}
-        assert transport._pool("https") is secure and transport._pool("http") is plain
+        assert transport._pool("https") is secure
+        assert transport._pool("http") is plain
     assert tls_context() is tls_context()
-    assert tls_context().verify_mode == ssl.CERT_REQUIRED and tls_context().check_hostname
+    assert tls_context().verify_mode == ssl.CERT_REQUIRED
+    assert tls_context().check_hostname
     assert transport._pools == {}
     with pytest.raises(RuntimeError, match="closed"):
         transport._pool("http")

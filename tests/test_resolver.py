@@ -32,8 +32,9 @@ from aiostream_hf import (
     SourceError,
     SplitNotFoundError,
 )
+from aiostream_hf._models import FileRef, Manifest
 from aiostream_hf._options import StreamOptions
-from aiostream_hf._resolver import FileRef, Manifest, Resolver, _glob_regex
+from aiostream_hf._resolver import Resolver, _glob_regex
 from aiostream_hf.testing import (
     Faults,
     HubServer,

@@ -34,7 +34,7 @@ from typing import Any, ClassVar, Generic, Protocol, TypeVar
 import pyarrow as pa
 
 from .._exceptions import SourceError
-from .._resolver import FileRef
+from .._models import FileRef
 
 __all__ = [
     "ByteBlocks",

@@ -108,10 +108,11 @@ from .._exceptions import (
     SplitNotFoundError,
 )
 from .._fetcher import RangeFetcher
+from .._models import FileRef
 from .._options import StreamOptions
 from .._prefetch import Job, Prefetcher
 from .._ranks import rank_and_world
-from .._resolver import FileRef, Resolver
+from .._resolver import Resolver
 from .._sources import HubSource, has_glob, parse_sources
 from . import ByteSource
 from .parquet import (

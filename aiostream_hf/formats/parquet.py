@@ -36,7 +36,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from .._exceptions import DecodeError, SourceError
-from .._resolver import FileRef
+from .._models import FileRef
 from . import ByteSource, Decoder, ReadRequest, Unit
 
 __all__ = [

@@ -64,7 +64,7 @@ from .._exceptions import (
     FrameTimestampError,
     SourceError,
 )
-from .._resolver import FileRef
+from .._models import FileRef
 from . import ByteSource, StreamSource
 from ._arrivals import Arrivals, Span, Unfinished, merge_spans
 from ._mp4 import (

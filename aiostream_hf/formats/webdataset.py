@@ -70,7 +70,7 @@ import anyio.to_thread
 import pyarrow as pa
 
 from .._exceptions import ClosedResourceError, DecodeError, FetchError, SourceError
-from .._resolver import FileRef
+from .._models import FileRef
 from . import (
     ByteSource,
     Chunk,

@@ -37,7 +37,7 @@ from aiostream_hf._exceptions import (
     RangeMismatchError,
     SourceError,
 )
-from aiostream_hf._resolver import FileRef
+from aiostream_hf._models import FileRef
 from aiostream_hf.formats import _mp4, video
 
 pytestmark = pytest.mark.anyio

@@ -31,7 +31,7 @@ import webdataset
 
 from aiostream_hf import formats
 from aiostream_hf._exceptions import ClosedResourceError, DecodeError, SourceError
-from aiostream_hf._resolver import FileRef
+from aiostream_hf._models import FileRef
 from aiostream_hf.formats import ReadRequest, decoder_for
 from aiostream_hf.formats.webdataset import (
     SampleGrouper,
