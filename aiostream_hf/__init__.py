@@ -21,6 +21,7 @@ from ._exceptions import RetriesExhaustedError as RetriesExhaustedError
 from ._exceptions import RevisionNotFoundError as RevisionNotFoundError
 from ._exceptions import SourceError as SourceError
 from ._exceptions import SplitNotFoundError as SplitNotFoundError
+from ._exceptions import UsageError as UsageError
 from ._models import FileRef as FileRef
 from ._models import Manifest as Manifest
 from ._options import StreamOptions as StreamOptions
@@ -51,6 +52,7 @@ __all__ = [
     "Stream",
     "StreamOptions",
     "StreamStatistics",
+    "UsageError",
     "__version__",
     "lerobot",
     "stream",

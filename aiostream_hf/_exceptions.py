@@ -18,6 +18,7 @@ Every error the library raises on purpose derives from ``AiostreamError``::
     ├── DecodeError             bytes that the format decoder cannot turn into samples
     │   └── FrameTimestampError     no frame within tolerance of a requested timestamp
     ├── ClosedResourceError     a closed stream, fetcher or server used again
+    ├── UsageError              an object used outside the scope it needs (``async with``)
     └── HubServerError          the local Hub server cannot start as configured
 
 Errors from third-party libraries are converted at the boundary with
@@ -44,6 +45,7 @@ __all__ = [
     "RevisionNotFoundError",
     "SourceError",
     "SplitNotFoundError",
+    "UsageError",
 ]
 
 
@@ -121,6 +123,11 @@ class FrameTimestampError(DecodeError):
 
 class ClosedResourceError(AiostreamError):
     """A stream, fetcher or server was used after it was closed."""
+
+
+class UsageError(AiostreamError, RuntimeError):
+    """An object used outside the scope it needs: a stream iterated with ``async for``
+    but not inside ``async with`` (its background tasks need a scope to live in)."""
 
 
 class HubServerError(AiostreamError):

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections import deque
-from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterable, Awaitable, Callable
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Generic, TypeVar
@@ -28,7 +28,7 @@ from anyio.abc import TaskGroup
 
 from ._exceptions import ClosedResourceError, SourceError
 
-__all__ = ["Background", "Job", "PrefetchStatistics", "Prefetcher"]
+__all__ = ["Background", "Job", "PrefetchStatistics", "Prefetcher", "aclose_source"]
 
 T = TypeVar("T")
 _B = TypeVar("_B", bound="Background")
@@ -96,6 +96,14 @@ class Background(ABC):
         return None
 
 
+async def aclose_source(source: object) -> None:
+    """Close an async generator a task iterated, however its loop ended, so that a
+    cancelled producer leaves no generator for the garbage collector to finalize."""
+    aclose = getattr(source, "aclose", None)
+    if aclose is not None:
+        await aclose()
+
+
 class Prefetcher(Background, Generic[T]):
     """Runs jobs ahead of the consumer, in order, within a count and a byte budget."""
 
@@ -135,8 +143,9 @@ class Prefetcher(Background, Generic[T]):
 
     async def _produce(self) -> None:
         assert self._tg is not None
+        jobs = aiter(self._jobs)
         try:
-            async for job in self._jobs:
+            async for job in jobs:
                 while not self._fits(job.cost):
                     self._space = anyio.Event()
                     await self._space.wait()
@@ -153,6 +162,7 @@ class Prefetcher(Background, Generic[T]):
         except Exception as exc:  # planning failed: delivered after the units before it
             self._jobs_error = exc
         finally:
+            await aclose_source(jobs)
             self._jobs_done = True
             self._more.set()
 
@@ -174,28 +184,29 @@ class Prefetcher(Background, Generic[T]):
         self._max_held_bytes = max(self._max_held_bytes, self._held_bytes)
         self._space.set()
 
-    def __aiter__(self) -> AsyncIterator[T]:
-        return self._results()
-
-    async def _results(self) -> AsyncIterator[T]:
+    def __aiter__(self) -> Prefetcher[T]:
         if self._tg is None:
             raise ClosedResourceError("iterate a Prefetcher inside `async with`")
-        while True:
-            while not self._slots:
-                if self._jobs_done:
-                    if self._jobs_error is not None:
-                        raise self._jobs_error
-                    return
-                self._more = anyio.Event()
-                if self._slots or self._jobs_done:
-                    continue
-                await self._more.wait()
-            slot = self._slots[0]
-            await slot.done.wait()
-            self._slots.popleft()
-            self._held_bytes -= slot.cost
-            self._space.set()
-            if slot.error is not None:
-                raise slot.error
-            self._delivered += 1
-            yield slot.value  # type: ignore[misc]
+        return self
+
+    async def __anext__(self) -> T:
+        # A method, not an async generator: a consumer that stops early leaves
+        # nothing behind for the garbage collector to finalize.
+        while not self._slots:
+            if self._jobs_done:
+                if self._jobs_error is not None:
+                    raise self._jobs_error
+                raise StopAsyncIteration
+            self._more = anyio.Event()
+            if self._slots or self._jobs_done:
+                continue
+            await self._more.wait()
+        slot = self._slots[0]
+        await slot.done.wait()
+        self._slots.popleft()
+        self._held_bytes -= slot.cost
+        self._space.set()
+        if slot.error is not None:
+            raise slot.error
+        self._delivered += 1
+        return slot.value  # type: ignore[return-value]

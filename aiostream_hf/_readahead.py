@@ -29,14 +29,14 @@ the lane gave before it.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterable, Awaitable, Callable
 from functools import partial
 from typing import Generic, TypeVar
 
 import anyio
 
 from ._exceptions import ClosedResourceError, SourceError
-from ._prefetch import Background, PrefetchStatistics
+from ._prefetch import Background, PrefetchStatistics, aclose_source
 
 __all__ = ["Emit", "Lane", "LaneReadahead"]
 
@@ -130,8 +130,9 @@ class LaneReadahead(Background, Generic[T]):
 
     async def _produce(self) -> None:
         assert self._tg is not None
+        lanes = aiter(self._lanes_source)
         try:
-            async for lane in self._lanes_source:
+            async for lane in lanes:
                 while not self._may_open():
                     await self._changed.wait()
                 state: _LaneState[T] = _LaneState()
@@ -145,6 +146,7 @@ class LaneReadahead(Background, Generic[T]):
         except Exception as exc:  # delivered after the lanes before it
             self._sources_error = exc
         finally:
+            await aclose_source(lanes)
             self._sources_done = True
             self._notify()
 
@@ -167,18 +169,19 @@ class LaneReadahead(Background, Generic[T]):
 
     # -- the consumer ------------------------------------------------------------------------
 
-    def __aiter__(self) -> AsyncIterator[T]:
-        return self._results()
-
-    async def _results(self) -> AsyncIterator[T]:
+    def __aiter__(self) -> LaneReadahead[T]:
         if self._tg is None:
             raise ClosedResourceError("iterate a LaneReadahead inside `async with`")
+        return self
+
+    async def __anext__(self) -> T:
+        # A method, not an async generator: nothing is left to finalize on an early exit.
         while True:
             if not self._lanes:
                 if self._sources_done:
                     if self._sources_error is not None:
                         raise self._sources_error
-                    return
+                    raise StopAsyncIteration
                 await self._changed.wait()
                 continue
             lane = self._lanes[0]
@@ -188,8 +191,7 @@ class LaneReadahead(Background, Generic[T]):
                 self._held_items -= 1
                 self._delivered += 1
                 self._notify()
-                yield item
-                continue
+                return item
             if lane.done:
                 self._lanes.popleft()
                 self._notify()

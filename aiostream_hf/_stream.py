@@ -11,6 +11,7 @@ batching -> the consumer.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import random
@@ -26,9 +27,11 @@ import anyio
 import anyio.to_thread
 import pyarrow as pa
 import pyarrow.compute as pc
+from anyio.abc import TaskGroup, TaskStatus
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from ._bridge import SyncIterator
-from ._exceptions import ClosedResourceError, SourceError
+from ._exceptions import ClosedResourceError, SourceError, UsageError
 from ._fetcher import RangeFetcher
 from ._models import FileRef, Manifest
 from ._options import StreamOptions
@@ -51,6 +54,7 @@ from .formats import (
 __all__ = ["Stream", "StreamStatistics", "stream"]
 
 Output = Literal["python", "arrow"]
+_CHANNEL_UNITS = 1  # loaded units between the producer and the consumer, past the readahead
 _PLAN_COST = 64 * 1024  # bytes a file's plan (its footer or index read) holds
 _STATE_VERSION = 1
 
@@ -183,7 +187,8 @@ class Stream:
         self._endpoint = endpoint
         self._epoch = 0
         self._closed = False
-        self._iterators: list[AsyncIterator[Any]] = []
+        self._tg: TaskGroup | None = None
+        self._iterations: list[_Iteration] = []
         self._sync_iterators: list[SyncIterator[Any]] = []
         self._fetcher: RangeFetcher | None = None
         self._resolver: Resolver | None = None
@@ -206,29 +211,51 @@ class Stream:
     # -- lifecycle -----------------------------------------------------------
 
     async def __aenter__(self) -> Stream:
+        """Open the scope the stream's background tasks live in (``async with``)."""
         if self._closed:
             raise ClosedResourceError("this Stream is closed: call stream(...) again")
+        if self._tg is not None:
+            raise UsageError("this Stream is already open: enter `async with` once")
+        tg = anyio.create_task_group()
+        await tg.__aenter__()
+        self._tg = tg
         return self
 
     async def __aexit__(
         self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
-    ) -> None:
+    ) -> bool | None:
         await self.aclose()
+        tg, self._tg = self._tg, None
+        if tg is None:
+            return None
+        tg.cancel_scope.cancel()
+        # The background tasks raise nothing (their errors reach the consumer through
+        # the channel), so the user's own error leaves as it is, not in an ExceptionGroup.
+        if e is None or isinstance(e, anyio.get_cancelled_exc_class()):
+            return await tg.__aexit__(et, e, tb)
+        await tg.__aexit__(None, None, None)
+        return None
 
     async def aclose(self) -> None:
-        """Stop every iteration of this stream and release its connections."""
+        """Stop every iteration of this stream; ``async with`` then waits for its tasks."""
         self._closed = True
-        iterators, self._iterators = self._iterators, []
-        # Not shielded: an iteration left at a ``yield`` still has its task group's
-        # cancel scope open on this task, and must close it from here, innermost first.
-        for it in iterators:
-            await it.aclose()  # type: ignore[attr-defined]
+        iterations, self._iterations = self._iterations, []
+        for it in iterations:
+            it.close()
 
     def __aiter__(self) -> AsyncIterator[Any]:
         if self._closed:
             raise ClosedResourceError("this Stream is closed: call stream(...) again")
-        it = self._iterate()
-        self._iterators.append(it)
+        if self._tg is None:
+            raise UsageError(
+                "a Stream is iterated inside `async with`, which owns its background tasks: "
+                "write `async with ash.stream(...) as s: async for sample in s: ...` "
+                "(or iterate it synchronously with `for sample in s`)"
+            )
+        for it in self._iterations:  # one iteration at a time: the cursor is the stream's
+            it.close()
+        it = _Iteration(self, self._tg)
+        self._iterations = [it]
         return it
 
     def __iter__(self) -> Iterator[Any]:
@@ -330,20 +357,6 @@ class Stream:
         if self._shuffle_buffer:
             random.Random(f"{self._seed}:{self._epoch}:files").shuffle(order)
         return order
-
-    async def _iterate(self) -> AsyncIterator[Any]:
-        """Async iteration: loaded units shaped into samples on this task."""
-        self._started = time.monotonic()
-        units = self._loaded_units()
-        try:
-            async for tag, payload in units:
-                for out in self._shape_unit(tag, payload):
-                    yield out
-        finally:
-            # Closed here, on this task: it holds task groups' cancel scopes.
-            await units.aclose()
-        for out in self._shape_end():
-            yield out
 
     def _iterate_sync(self) -> Iterator[Any]:
         """Sync iteration: units cross the bridge, samples are shaped on the consumer's
@@ -666,6 +679,107 @@ class Stream:
         if self._output == "arrow":
             return batch.combine_chunks().to_batches()[0]
         return batch.to_pydict()
+
+
+class _Failure:
+    """An error of the producer, handed to the consumer through the channel."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+
+
+class _Iteration:
+    """One ``async for`` over a stream: a producer task in the stream's task group loads
+    units into a bounded channel; ``__anext__`` shapes them into samples on the
+    consumer's task. Nothing is held across the consumer's code but the channel: no
+    cancel scope, task group or lock, so leaving the loop (``break``, an error in its
+    body, a cancellation) at any point is clean; the stream's ``async with`` exit stops
+    the producer and waits for its cleanup."""
+
+    def __init__(self, stream: Stream, tg: TaskGroup) -> None:
+        self._stream = stream
+        self._tg = tg
+        self._send: MemoryObjectSendStream[Any]
+        self._receive: MemoryObjectReceiveStream[Any]
+        self._send, self._receive = anyio.create_memory_object_stream[Any](_CHANNEL_UNITS)
+        self._scope: anyio.CancelScope | None = None
+        self._started = False
+        self._closed = False
+        self._samples: Iterator[Any] | None = None
+        self._ended = False
+
+    def __aiter__(self) -> _Iteration:
+        return self
+
+    async def __anext__(self) -> Any:
+        stream = self._stream
+        while True:
+            if self._samples is not None:
+                for sample in self._samples:
+                    return sample
+                self._samples = None
+            if self._ended or self._closed:
+                raise StopAsyncIteration
+            if not self._started:
+                self._started = True
+                stream._started = time.monotonic()
+                self._scope = await self._tg.start(self._produce)
+            try:
+                item = await self._receive.receive()
+            except anyio.EndOfStream:
+                self._ended = True
+                self._samples = stream._shape_end()
+                continue
+            except anyio.ClosedResourceError:
+                raise StopAsyncIteration from None
+            if isinstance(item, _Failure):
+                self.close()
+                raise item.error
+            tag, payload = item
+            self._samples = stream._shape_unit(tag, payload)
+
+    async def _produce(self, *, task_status: TaskStatus[anyio.CancelScope]) -> None:
+        with anyio.CancelScope() as scope:
+            task_status.started(scope)
+            async with self._send as send:
+                units = self._stream._loaded_units()
+                try:
+                    try:
+                        async for item in units:
+                            await send.send(item)
+                    finally:
+                        await units.aclose()  # on this task, which holds its scopes
+                except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+                    return  # the consumer is gone
+                except Exception as exc:  # raised in the consumer, in order
+                    with contextlib.suppress(anyio.BrokenResourceError):
+                        await send.send(_Failure(exc))
+
+    def close(self) -> None:
+        """Stop this iteration: its producer is cancelled, its channel closed."""
+        if self._closed:
+            return
+        self._closed = True
+        self._samples = None
+        if self._scope is not None:
+            self._scope.cancel()
+        self._receive.close()
+        if not self._started:
+            self._send.close()
+
+    async def aclose(self) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        # Left without close() (``break`` out of the loop): the producer's next send
+        # finds the channel closed and ends; the stream's exit waits for it.
+        if not self._closed:
+            self._closed = True
+            self._receive.close()
+            if not self._started:
+                self._send.close()
 
 
 class _UnitSizes:

@@ -27,9 +27,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.skip(reason=reason))
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
+# anyio means asyncio and trio: every async test runs on both. AIOSTREAM_ANYIO_BACKENDS
+# (comma-separated) narrows it for a quick local run; CI leaves it unset.
+_BACKENDS = os.environ.get("AIOSTREAM_ANYIO_BACKENDS", "asyncio,trio").split(",")
+
+
+@pytest.fixture(params=_BACKENDS)
+def anyio_backend(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
 
 
 @pytest.fixture(autouse=True)
