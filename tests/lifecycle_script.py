@@ -9,6 +9,7 @@ it prints one JSON line with the threads, tasks and sockets before and after.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import json
 import os
@@ -19,7 +20,6 @@ from typing import Any
 import anyio
 
 import aiostream_hf as ash
-
 
 # The event loops' own thread pools outlive any one user by design: anyio's worker
 # threads (they exit after 10 s idle), asyncio's default executor (getaddrinfo) and
@@ -34,10 +34,8 @@ def threads() -> list[str]:
 def sockets() -> int:
     n = 0
     for fd in os.listdir("/proc/self/fd"):
-        try:
+        with contextlib.suppress(OSError):
             n += os.readlink(f"/proc/self/fd/{fd}").startswith("socket:")
-        except OSError:
-            pass
     return n
 
 
