@@ -4,6 +4,8 @@ from typing import TYPE_CHECKING, Any
 
 from . import webdataset as webdataset
 from .__version__ import __version__ as __version__
+from ._client import ClientStatistics as ClientStatistics
+from ._client import HubClient as HubClient
 from ._exceptions import AiostreamError as AiostreamError
 from ._exceptions import ClosedResourceError as ClosedResourceError
 from ._exceptions import ConfigNotFoundError as ConfigNotFoundError
@@ -31,6 +33,7 @@ from ._stream import stream as stream
 
 __all__ = [
     "AiostreamError",
+    "ClientStatistics",
     "ClosedResourceError",
     "ConfigNotFoundError",
     "DecodeError",
@@ -40,6 +43,7 @@ __all__ = [
     "FileRef",
     "FrameTimestampError",
     "GatedRepoError",
+    "HubClient",
     "HubServerError",
     "Manifest",
     "RangeMismatchError",
@@ -61,10 +65,10 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from .formats import lerobot as lerobot
-    from .formats import video as video
+    from . import lerobot as lerobot
+    from . import video as video
 
-_LAZY = {"lerobot": "aiostream_hf.formats.lerobot", "video": "aiostream_hf.formats.video"}
+_LAZY = {"lerobot": "aiostream_hf.lerobot", "video": "aiostream_hf.video"}
 
 
 def __getattr__(name: str) -> Any:

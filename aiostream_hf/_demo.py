@@ -8,7 +8,7 @@ The demo needs no network and no account. It
    every request (``Faults(latency_ms=20)``: loopback without latency hides the
    round trips this project exists to save);
 3. streams each through the public API: ``stream()`` for Parquet and WebDataset,
-   ``formats.lerobot.stream()`` for LeRobot items (with a window of camera frames
+   ``lerobot.stream()`` for LeRobot items (with a window of camera frames
    each), and, to show how few bytes sparse frames cost, the episodes table with
    ``stream()`` and a few windows of frames with ``video.open``; each run with a
    fresh resolution cache, so resolution requests are counted too;
@@ -45,9 +45,9 @@ import av
 import numpy as np
 import numpy.typing as npt
 
+from . import video
 from ._options import StreamOptions
 from ._stream import stream
-from .formats import video
 
 __all__ = [
     "DemoReport",
@@ -323,9 +323,9 @@ class _Frames:
 
 async def _measure_lerobot_items(hub: Any, repo: str, stride: int, cache: Path) -> _Frames:
     """Every item of a LeRobot v3.0 dataset, each with a window of camera frames, through
-    ``aiostream_hf.formats.lerobot.stream``; keep the frames of every ``stride``-th
+    ``aiostream_hf.lerobot.stream``; keep the frames of every ``stride``-th
     item for the contact sheet."""
-    from .formats import lerobot
+    from . import lerobot
 
     hub.reset_stats()
     started = time.perf_counter()

@@ -42,8 +42,8 @@ How a read travels:
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
-import random
 import re
 import time
 import urllib.parse
@@ -57,7 +57,7 @@ import anyio
 import anyio.to_thread
 import httpx2
 
-from .__version__ import __version__
+from ._client import HubClient, Pending, Route, auth_headers, origin
 from ._exceptions import (
     AiostreamError,
     ClosedResourceError,
@@ -69,8 +69,7 @@ from ._exceptions import (
 )
 from ._models import FileRef
 from ._options import StreamOptions
-from ._retry import backoff_delay, retry_after
-from ._transport import SchemeTransport, tls_context
+from ._retry import retry_after
 
 __all__ = ["ByteStream", "FetcherStatistics", "RangeFetcher", "coalesce_ranges"]
 
@@ -81,13 +80,9 @@ _CDN_DENIED = frozenset({401, 403, 410})
 _MAX_HOPS = 10
 # Re-resolve a cached CDN URL this many seconds before its ``expires=``.
 _EXPIRY_MARGIN_S = 1.0
-# The longest wait a server may ask for; the Hub's rate-limit windows are 5 minutes.
-_MAX_SERVER_DELAY_S = 300.0
 _RETRYABLE_ERRORS = (httpx2.TimeoutException, httpx2.NetworkError, httpx2.RemoteProtocolError)
 _CONTENT_RANGE = re.compile(r"^\s*bytes\s+(\d+)-(\d+)/(\d+|\*)\s*$", re.IGNORECASE)
 _UNSATISFIED_RANGE = re.compile(r"^\s*bytes\s+\*/(\d+)\s*$", re.IGNORECASE)
-_RATELIMIT_REMAINING = re.compile(r"(?:^|[;,\s])(?:r|remaining)=(\d+)")
-_RATELIMIT_RESET = re.compile(r"(?:^|[;,\s])(?:t|reset)=(\d+(?:\.\d+)?)")
 
 
 @dataclass(frozen=True)
@@ -171,6 +166,7 @@ class RangeFetcher:
         token: str | None = None,
         endpoint: str | None = None,
         transport: httpx2.AsyncBaseTransport | None = None,
+        client: HubClient | None = None,
     ) -> None:
         self.options = options if options is not None else StreamOptions()
         if endpoint is None:
@@ -178,29 +174,26 @@ class RangeFetcher:
 
             endpoint = constants.ENDPOINT
         self._token = token
+        self._endpoint = endpoint
         try:
-            self._hub_origin = _origin(endpoint)
+            self._hub_origin = origin(endpoint)
         except httpx2.InvalidURL as exc:
             raise SourceError(f"endpoint={endpoint!r} is not a URL: {exc}") from exc
         n = self.options.max_concurrency
-        limits = httpx2.Limits(max_connections=n, max_keepalive_connections=n)
-        self._client = httpx2.AsyncClient(
-            transport=SchemeTransport(limits) if transport is None else transport,
-            # Only proxies from the environment (HTTPS_PROXY...) use the client's `verify`.
-            verify=tls_context() if urllib.request.getproxies() else True,
-            follow_redirects=False,
-            timeout=httpx2.Timeout(self.options.timeout),
-            limits=limits,
-            headers={"Accept-Encoding": "identity", "User-Agent": f"aiostream-hf/{__version__}"},
+        if client is not None and transport is not None:
+            raise SourceError("RangeFetcher: pass a client or a transport, not both")
+        # The client is shared (its pool, host gates and CDN URL cache) when given;
+        # else this fetcher makes its own and closes it.
+        self._owns_client = client is None
+        self._hub = (
+            client if client is not None else HubClient(max_connections=n, transport=transport)
         )
+        self._timeout = httpx2.Timeout(self.options.timeout)
+        # CDN URLs are cached per token: a private file's signed URL, learned with a
+        # token, is never handed to a reader without it.
+        self._route_scope = hashlib.sha256((token or "").encode()).hexdigest()[:16]
         self._limiter = anyio.CapacityLimiter(n)
-        self._rng = random.Random()
         self._closed = False
-        # Redirect cache and singleflight: file URL -> where it is served / the resolution running.
-        self._routes: dict[str, _Route] = {}
-        self._pending: dict[str, _Pending] = {}
-        # Per-host pause and rate-limit budget (host key "name:port"); only hosts that limited us.
-        self._hosts: dict[str, _HostGate] = {}
         # Transfers holding an open response, closed by aclose().
         self._open_transfers: set[_Transfer] = set()
         self._requests = dict.fromkeys(REQUEST_KINDS, 0)
@@ -233,7 +226,8 @@ class RangeFetcher:
                 for transfer in list(self._open_transfers):
                     await transfer.aclose()
             finally:
-                await self._client.aclose()
+                if self._owns_client:
+                    await self._hub.aclose()
 
     @property
     def closed(self) -> bool:
@@ -244,6 +238,12 @@ class RangeFetcher:
             raise ClosedResourceError(
                 "this RangeFetcher is closed: create a new one (one per event loop)"
             )
+        self._hub.check_open()
+
+    @property
+    def client(self) -> HubClient:
+        """The client this fetcher's requests go through."""
+        return self._hub
 
     # -- public reads ----------------------------------------------------------------------
 
@@ -387,48 +387,36 @@ class RangeFetcher:
 
     # -- redirect cache and singleflight (plain synchronous state) -------------------------
 
-    async def _route(self, transfer: _Transfer) -> _Route | None:
+    async def _route(self, transfer: _Transfer) -> Route | None:
         """Where to send ``transfer``'s next request; None: to the file's own URL (resolve)."""
         while True:
             found = self._route_nowait(transfer)
-            if not isinstance(found, _Pending):
+            if not isinstance(found, Pending):
                 return found
             await found.done.wait()
-            if found.error is not None:
+            if isinstance(found.error, FetchError):
                 raise _copy_error(found.error) from found.error
 
-    def _route_nowait(self, transfer: _Transfer) -> _Route | _Pending | None:
+    def _route_key(self, transfer: _Transfer) -> str:
+        return f"{self._route_scope}:{transfer.file.url}"
+
+    def _route_nowait(self, transfer: _Transfer) -> Route | Pending | None:
         if transfer.leader:
             return None
-        key = transfer.file.url
-        route = self._routes.get(key)
-        if route is not None:
-            # A route this transfer just learned is used at least once, expired or not:
-            # the server decides, and 401/403/410 re-resolves.
-            if route is transfer.own_route or not route.expired(time.time()):
-                return route
-            del self._routes[key]
+        found, dropped = self._hub.route_nowait(self._route_key(transfer), transfer.own_route)
+        if dropped:
             self._re_resolutions += 1
-        pending = self._pending.get(key)
-        if pending is not None:
-            return pending
-        self._pending[key] = _Pending()
-        transfer.leader = True
-        return None
+        if found is None:
+            transfer.leader = True
+        return found
 
-    def _set_route(self, transfer: _Transfer, route: _Route) -> None:
-        self._routes[transfer.file.url] = route
+    def _set_route(self, transfer: _Transfer, route: Route) -> None:
+        self._hub.set_route(self._route_key(transfer), route, leader=transfer.leader)
         transfer.own_route = route
-        if transfer.leader:
-            transfer.leader = False
-            pending = self._pending.pop(transfer.file.url, None)
-            if pending is not None:
-                pending.done.set()
+        transfer.leader = False
 
-    def _invalidate(self, transfer: _Transfer, route: _Route) -> None:
-        key = transfer.file.url
-        if self._routes.get(key) is route:  # not a newer route another read already learned
-            del self._routes[key]
+    def _invalidate(self, transfer: _Transfer, route: Route) -> None:
+        if self._hub.invalidate(self._route_key(transfer), route):
             self._re_resolutions += 1
         transfer.own_route = None
 
@@ -437,111 +425,39 @@ class RangeFetcher:
         if not transfer.leader:
             return
         transfer.leader = False
-        pending = self._pending.pop(transfer.file.url, None)
-        if pending is not None:
-            pending.error = error
-            pending.done.set()
+        self._hub.resolution_ended(self._route_key(transfer), error)
 
     # -- concurrency slots, host pauses and rate-limit budgets -----------------------------
 
     async def _acquire(self, host: str, owner: _Transfer) -> None:
-        """Wait until ``host`` may be sent a request, then take a concurrency slot."""
-        try:
-            while True:
-                wait = self._host_gate_nowait(host, owner)
-                if isinstance(wait, float):
-                    await anyio.sleep_until(wait)
-                    continue
-                if wait is not None:
-                    await wait.wait()
-                    continue
-                await self._limiter.acquire_on_behalf_of(owner)
-                if self._host_blocked(host, owner):  # paused while we waited for the slot
-                    self._limiter.release_on_behalf_of(owner)
-                    continue
-                break
-        except BaseException:
-            self._end_probe(host, owner, answered=False)
-            raise
+        """Wait until ``host`` may be sent a request (the client's gate), then take a
+        slot of this fetcher's and one of the client's."""
+        await self._hub.acquire(host, owner, self._limiter)
         self._in_flight += 1
         self._max_in_flight = max(self._max_in_flight, self._in_flight)
 
     def _release_slot(self, host: str, owner: _Transfer) -> None:
         self._in_flight -= 1
-        self._limiter.release_on_behalf_of(owner)
-        self._end_probe(host, owner, answered=False)
-
-    def _host_gate_nowait(self, host: str, owner: _Transfer) -> float | anyio.Event | None:
-        """None: go. A float: sleep until that time. An Event: wait for the probe's answer."""
-        gate = self._hosts.get(host)
-        if gate is None:
-            return None
-        now = anyio.current_time()
-        if gate.paused_until > now:
-            return gate.paused_until
-        if gate.prober is not None:
-            return None if gate.prober is owner else gate.probe_done
-        if gate.probe_needed:
-            # After a pause one request goes first; its RateLimit header says how many may follow.
-            gate.probe_needed = False
-            gate.prober = owner
-            gate.probe_done = anyio.Event()
-            return None
-        if gate.budget is not None:
-            if now >= gate.budget_until:
-                gate.budget = None
-            elif gate.budget <= 0:
-                gate.pause(gate.budget_until)
-                return gate.budget_until
-            else:
-                gate.budget -= 1
-        return None
-
-    def _host_blocked(self, host: str, owner: _Transfer) -> bool:
-        gate = self._hosts.get(host)
-        if gate is None:
-            return False
-        if gate.paused_until > anyio.current_time():
-            return True
-        return gate.prober is not None and gate.prober is not owner
-
-    def _end_probe(self, host: str, owner: _Transfer, *, answered: bool) -> None:
-        gate = self._hosts.get(host)
-        if gate is None or gate.prober is not owner:
-            return
-        gate.prober = None
-        if not answered:
-            gate.probe_needed = True  # nothing learned: the next request probes again
-        if gate.probe_done is not None:
-            gate.probe_done.set()
-            gate.probe_done = None
+        self._hub.release(host, owner, self._limiter)
 
     def _note_response(self, host: str, owner: _Transfer, response: httpx2.Response) -> None:
-        """Learn the host's rate-limit state from an answer's headers; pause it on 429."""
-        status = response.status_code
-        limit = _ratelimit(response.headers.get("RateLimit"))
-        if limit is None and status != 429 and host not in self._hosts:
-            return
-        gate = self._hosts.setdefault(host, _HostGate())
-        now = anyio.current_time()
-        if limit is not None:
-            remaining, reset = limit
-            gate.budget, gate.budget_until = remaining, now + reset
-            if remaining <= 0:
-                gate.pause(now + min(reset, _MAX_SERVER_DELAY_S))
-        if status == 429:
-            self._throttled += 1
-            delay = retry_after(response.headers.get("Retry-After"))
-            if delay is None and limit is not None:
-                delay = limit[1]
-            if delay is None:
-                delay = self._backoff(owner.failures + 1)
-            gate.pause(now + min(delay, max(_MAX_SERVER_DELAY_S, self.options.backoff_max)))
-        self._end_probe(host, owner, answered=True)
-
-    def _backoff(self, failures: int) -> float:
+        """The client learns the host's rate-limit state; a 429 pauses the host for all."""
         o = self.options
-        return backoff_delay(failures, o.backoff_base, o.backoff_max, self._rng)
+        if response.status_code == 429:
+            self._throttled += 1
+        self._hub.note_response(
+            host,
+            owner,
+            response.headers,
+            response.status_code,
+            failures=owner.failures,
+            backoff_base=o.backoff_base,
+            backoff_max=o.backoff_max,
+        )
+
+    def _retry_delay(self, failures: int, server_delay: float | None) -> float:
+        o = self.options
+        return self._hub.retry_delay(failures, server_delay, base=o.backoff_base, cap=o.backoff_max)
 
     # -- requests --------------------------------------------------------------------------
 
@@ -552,12 +468,11 @@ class RangeFetcher:
             headers["If-Match"] = f'"{_normalize_etag(etag)}"'
         if transfer.validator is not None:
             headers["If-Range"] = transfer.validator
-        if self._token and _origin(url) == self._hub_origin:
-            headers["Authorization"] = f"Bearer {self._token}"
+        headers.update(auth_headers(url, self._token, self._endpoint))
         return headers
 
     def _is_hub(self, url: str) -> bool:
-        return _origin(url) == self._hub_origin
+        return origin(url) == self._hub_origin
 
 
 # -- transfers ------------------------------------------------------------------------------
@@ -599,47 +514,6 @@ class ByteStream:
         self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
     ) -> None:
         await self.aclose()
-
-
-@dataclass(frozen=True)
-class _Route:
-    """Where a file's bytes are read: its own URL (direct) or the URL it redirected to."""
-
-    url: str
-    direct: bool
-    reuse_until: float | None = None  # wall-clock seconds (see _reuse_until)
-
-    def expired(self, now: float) -> bool:
-        return self.reuse_until is not None and now >= self.reuse_until
-
-
-class _Pending:
-    """A resolution in flight: readers of the same file wait for ``done``."""
-
-    __slots__ = ("done", "error")
-
-    def __init__(self) -> None:
-        self.done = anyio.Event()
-        self.error: FetchError | None = None
-
-
-class _HostGate:
-    """A host that rate-limited us: paused until a time, then probed, then budgeted."""
-
-    __slots__ = ("budget", "budget_until", "paused_until", "probe_done", "probe_needed", "prober")
-
-    def __init__(self) -> None:
-        self.paused_until = float("-inf")  # anyio.current_time() deadline
-        self.probe_needed = False
-        self.prober: _Transfer | None = None
-        self.probe_done: anyio.Event | None = None
-        self.budget: int | None = None  # requests left in the window (RateLimit r=)
-        self.budget_until = float("-inf")
-
-    def pause(self, until: float) -> None:
-        self.paused_until = max(self.paused_until, until)
-        self.probe_needed = True
-        self.budget = None
 
 
 @dataclass(frozen=True)
@@ -694,7 +568,7 @@ class _Transfer:
         self.last_status: int | None = None
         self.last_url = file.url
         self.leader = False
-        self.own_route: _Route | None = None
+        self.own_route: Route | None = None
         self.reresolved = False
         self.skip = 0  # bytes of a 200 answer before the ones wanted
         self.exact = True  # a 206 body ends exactly at ``end``; a 200 body goes on
@@ -842,8 +716,7 @@ class _Transfer:
             ) from retry.error
         self.fetcher._retries += 1
         if retry.sleep:
-            delay = retry.delay if retry.delay is not None else self.fetcher._backoff(self.failures)
-            delay = min(delay, max(_MAX_SERVER_DELAY_S, self.fetcher.options.backoff_max))
+            delay = self.fetcher._retry_delay(self.failures, retry.delay)
             if delay > 0:
                 await anyio.sleep(delay)
 
@@ -884,8 +757,10 @@ class _Transfer:
                 f._check_open()  # closed while we waited for a slot
                 f._requests["resolve" if route is None else self.kind] += 1
                 try:
-                    request = f._client.build_request("GET", url, headers=headers)
-                    response = await f._client.send(request, stream=True)
+                    request = f._hub.http.build_request(
+                        "GET", url, headers=headers, timeout=f._timeout
+                    )
+                    response = await f._hub.send(request, stream=True)
                 except _RETRYABLE_ERRORS as exc:
                     outcome = _Retry(None, None, exc)
                 except httpx2.HTTPError as exc:
@@ -919,7 +794,7 @@ class _Transfer:
                 return _AT_EOF
             # _RERESOLVE: the next turn resolves again
 
-    def _accept(self, response: httpx2.Response, route: _Route | None, url: str) -> _Outcome:
+    def _accept(self, response: httpx2.Response, route: Route | None, url: str) -> _Outcome:
         """Judge an answer (headers only): None if its body is the bytes wanted."""
         f = self.fetcher
         file = self.file
@@ -936,12 +811,12 @@ class _Transfer:
             if route is None or f._is_hub(url):
                 self._check_linked(headers)
             target = str(response.url.join(location))
-            f._set_route(self, _Route(target, direct=False, reuse_until=_reuse_until(target)))
+            f._set_route(self, Route(target, direct=False, reuse_until=_reuse_until(target)))
             return _FOLLOW
         if status in (200, 206):
             direct = route is None or route.direct
             if route is None:
-                f._set_route(self, _Route(file.url, direct=True))
+                f._set_route(self, Route(file.url, direct=True))
             etag = headers.get("ETag")
             if (
                 etag
@@ -1115,7 +990,7 @@ class _Transfer:
         )
 
     def _http_error(
-        self, status: int, headers: httpx2.Headers, url: str, route: _Route | None
+        self, status: int, headers: httpx2.Headers, url: str, route: Route | None
     ) -> FetchError:
         file = self.file
         code = headers.get("X-Error-Code")
@@ -1351,15 +1226,9 @@ def _copy_error(exc: FetchError) -> FetchError:
     return type(exc)(str(exc), url=exc.url, status=exc.status, attempts=exc.attempts)
 
 
-def _origin(url: str) -> tuple[str, str, int]:
-    u = httpx2.URL(url)
-    default = {"http": 80, "https": 443}.get(u.scheme, 0)
-    return u.scheme, u.host.lower(), u.port or default
-
-
 def _host_key(url: str, file: FileRef) -> str:
     try:
-        scheme, host, port = _origin(url)
+        scheme, host, port = origin(url)
     except httpx2.InvalidURL as exc:
         raise FetchError(f"{file.url}: invalid URL {url!r}: {exc}", url=file.url) from exc
     if scheme not in ("http", "https"):
@@ -1408,14 +1277,3 @@ def _reuse_until(url: str) -> float | None:
         return None
     left = max(0.0, expires - time.time())
     return expires - min(_EXPIRY_MARGIN_S, left / 2)
-
-
-def _ratelimit(value: str | None) -> tuple[int, float] | None:
-    """(remaining, seconds to reset) from ``RateLimit: "<bucket>";r=<n>;t=<s>``."""
-    if not value:
-        return None
-    r = _RATELIMIT_REMAINING.search(value)
-    t = _RATELIMIT_RESET.search(value)
-    if r is None or t is None:
-        return None
-    return int(r.group(1)), float(t.group(1))

@@ -38,7 +38,6 @@ import json
 import logging
 import os
 import posixpath
-import random
 import re
 import time
 from collections import Counter, OrderedDict
@@ -55,7 +54,7 @@ import filelock
 import httpx2
 import yaml
 
-from .__version__ import __version__
+from ._client import HubClient, auth_headers, host_key
 from ._exceptions import (
     ClosedResourceError,
     ConfigNotFoundError,
@@ -69,7 +68,7 @@ from ._exceptions import (
 )
 from ._models import FileRef, Manifest
 from ._options import StreamOptions
-from ._retry import backoff_delay, retry_after
+from ._retry import retry_after
 from ._sources import HubSource, LocalSource, Source, UrlSource, has_glob, parse_sources
 
 __all__ = [
@@ -102,7 +101,6 @@ DataFiles: TypeAlias = (
 
 _SHA = re.compile(r"^[0-9a-f]{40}$")
 _RETRY_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
-_MAX_RETRY_AFTER = 300.0  # the Hub's rate-limit window; a longer wait is not worth it
 # In-memory caches are bounded by the files they hold (a pin or a card counts as one).
 _MEMORY_WEIGHT = 2_000_000
 _LISTING_WEIGHT = 2_000_000
@@ -272,8 +270,9 @@ class Resolver:
         async with Resolver() as resolver:
             manifest = await resolver.resolve("hf://datasets/org/name", split="train")
 
-    ``client``: an ``httpx2.AsyncClient`` to use (the caller closes it); by default the
-    Resolver opens its own and closes it in ``aclose()``. ``options`` gives the cache
+    ``client``: the ``HubClient`` to send requests through (the caller closes it), so
+    that a 429 pauses its host for the resolver and the fetcher alike; by default the
+    Resolver makes its own and closes it in ``aclose()``. ``options`` gives the cache
     folder (``StreamOptions.resolved_cache_dir()``), ``pin_ttl``, retries and timeout.
     One Resolver belongs to one event loop; share it between the tasks of that loop.
     """
@@ -282,10 +281,9 @@ class Resolver:
         self,
         *,
         options: StreamOptions | None = None,
-        client: httpx2.AsyncClient | None = None,
+        client: HubClient | None = None,
     ) -> None:
         self._options = options or StreamOptions()
-        self._rng = random.Random()
         self._client = client
         self._owns_client = client is None
         self._closed = False
@@ -313,8 +311,7 @@ class Resolver:
         self._closed = True
         client, self._client = self._client, None
         if client is not None and self._owns_client:
-            with anyio.CancelScope(shield=True):
-                await client.aclose()
+            await client.aclose()  # shielded
 
     def _check_open(self) -> None:
         if self._closed:
@@ -608,15 +605,14 @@ class Resolver:
         """One request with retries on 408/429/5xx and network errors; errors mapped."""
         self._check_open()
         if self._client is None:
-            self._client = httpx2.AsyncClient(
-                timeout=self._options.timeout,
-                headers={"user-agent": f"aiostream-hf/{__version__}"},
-            )
+            self._client = HubClient()
+        hub = self._client
         token = await call.token()
-        headers = {}
-        if token and _same_origin(url, where.endpoint):
-            headers["authorization"] = f"Bearer {token}"
+        headers = auth_headers(url, token, where.endpoint)
         is_api = urlsplit(url).path.startswith("/api/")
+        host = host_key(url)
+        owner = object()  # this call's place in the host's gate
+        o = self._options
         attempts = 0
         while True:
             attempts += 1
@@ -624,37 +620,48 @@ class Resolver:
                 self._counts.api_requests += 1
             else:
                 self._counts.resolver_requests += 1
+            # The client's gate: a host paused by a 429 (to us or to a fetcher) waits here.
+            await hub.acquire(host, owner)
             try:
-                response = await self._client.request(
-                    method, url, params=params, headers=headers, follow_redirects=follow_redirects
+                request = hub.http.build_request(
+                    method, url, params=params, headers=headers, timeout=o.timeout
                 )
+                response = await hub.send(request, follow_redirects=follow_redirects)
             except httpx2.TransportError as exc:
-                if attempts > self._options.max_retries:
+                if attempts > o.max_retries:
                     raise ResolutionError(
                         f"{method} {url} failed after {attempts} attempts: "
                         f"{type(exc).__name__}: {exc}"
                     ) from exc
-                delay = self._backoff(attempts)
+                delay = hub.backoff(attempts, o.backoff_base, o.backoff_max)
             else:
+                hub.note_response(
+                    host,
+                    owner,
+                    response.headers,
+                    response.status_code,
+                    failures=attempts - 1,
+                    backoff_base=o.backoff_base,
+                    backoff_max=o.backoff_max,
+                )
                 if response.status_code < 400:
                     return response
-                if (
-                    response.status_code not in _RETRY_STATUSES
-                    or attempts > self._options.max_retries
-                ):
+                if response.status_code not in _RETRY_STATUSES or attempts > o.max_retries:
                     raise _http_error(response, where, missing, attempts)
-                retry_after_s = retry_after(response.headers.get("retry-after"))
-                delay = (
-                    self._backoff(attempts)
-                    if retry_after_s is None
-                    else min(retry_after_s, _MAX_RETRY_AFTER)
-                )
+                if response.status_code == 429:
+                    delay = 0.0  # the host is paused: the gate is the wait
+                else:
+                    delay = hub.retry_delay(
+                        attempts,
+                        retry_after(response.headers.get("retry-after")),
+                        base=o.backoff_base,
+                        cap=o.backoff_max,
+                    )
+            finally:
+                hub.release(host, owner)
             self._counts.retries += 1
-            await anyio.sleep(delay)
-
-    def _backoff(self, attempt: int) -> float:
-        o = self._options
-        return backoff_delay(attempt, o.backoff_base, o.backoff_max, self._rng)
+            if delay > 0:
+                await anyio.sleep(delay)
 
     # -- coalescing -----------------------------------------------------------------------
 
@@ -805,11 +812,6 @@ async def _find_token(given: str | bool | None) -> str | None:
 
     # get_token() may refresh an OAuth token over the network: keep it off the loop.
     return await anyio.to_thread.run_sync(get_token)
-
-
-def _same_origin(url: str, endpoint: str) -> bool:
-    a, b = urlsplit(url), urlsplit(endpoint)
-    return (a.scheme, a.netloc) == (b.scheme, b.netloc)
 
 
 def _http_error(

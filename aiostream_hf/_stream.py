@@ -31,6 +31,7 @@ from anyio.abc import TaskGroup, TaskStatus
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from ._bridge import SyncIterator
+from ._client import HubClient, use_client
 from ._exceptions import ClosedResourceError, SourceError, UsageError
 from ._fetcher import RangeFetcher
 from ._models import FileRef, Manifest
@@ -69,6 +70,7 @@ class StreamStatistics:
     time_to_first_sample: float | None
     fetcher: Mapping[str, Any] = field(default_factory=dict)
     resolver: Mapping[str, Any] = field(default_factory=dict)
+    client: Mapping[str, Any] = field(default_factory=dict)
     max_prefetched: int = 0
     max_prefetched_bytes: int = 0
 
@@ -91,6 +93,7 @@ def stream(
     options: StreamOptions | None = None,
     token: str | None = None,
     endpoint: str | None = None,
+    client: HubClient | None = None,
 ) -> Stream:
     """A lazy stream of the samples of ``source``; nothing is read until iteration.
 
@@ -106,6 +109,8 @@ def stream(
     select a disjoint share; all ranks together read everything once.
     ``format`` names a registered format, or is a configured decoder (e.g.
     ``aiostream_hf.webdataset.WebDatasetDecoder(decode="rgb8")``).
+    ``client``: the ``HubClient`` whose connection pool, host gates and CDN URL
+    cache the stream uses; by default the event loop's shared one.
     """
     return Stream(
         source,
@@ -124,6 +129,7 @@ def stream(
         options=options,
         token=token,
         endpoint=endpoint,
+        client=client,
     )
 
 
@@ -149,6 +155,7 @@ class Stream:
         options: StreamOptions | None,
         token: str | None,
         endpoint: str | None,
+        client: HubClient | None = None,
     ) -> None:
         if output not in ("python", "arrow"):
             raise SourceError(f"output={output!r}: use 'python' (dict rows) or 'arrow'")
@@ -185,6 +192,8 @@ class Stream:
         if endpoint is None and isinstance(source, Manifest):
             endpoint = source.endpoint
         self._endpoint = endpoint
+        self._client = client
+        self._hub: HubClient | None = None
         self._epoch = 0
         self._closed = False
         self._tg: TaskGroup | None = None
@@ -299,6 +308,7 @@ class Stream:
             time_to_first_sample=self._first_sample,
             fetcher=asdict(self._fetcher.statistics()) if self._fetcher is not None else {},
             resolver=asdict(self._resolver.statistics()) if self._resolver is not None else {},
+            client=asdict(self._hub.statistics()) if self._hub is not None else {},
             max_prefetched=prefetch.max_held if prefetch else 0,
             max_prefetched_bytes=prefetch.max_held_bytes if prefetch else 0,
         )
@@ -380,10 +390,11 @@ class Stream:
         opts = self._options
         resume = self._resume  # taken up (set to None) once the cursor holds it
         async with (
-            Resolver(options=opts) as resolver,
-            RangeFetcher(opts, token=self._token, endpoint=self._endpoint) as fetcher,
+            use_client(self._client) as hub,
+            Resolver(options=opts, client=hub) as resolver,
+            RangeFetcher(opts, token=self._token, endpoint=self._endpoint, client=hub) as fetcher,
         ):
-            self._resolver, self._fetcher = resolver, fetcher
+            self._resolver, self._fetcher, self._hub = resolver, fetcher, hub
             if isinstance(self._source, Manifest):
                 manifest = self._source  # resolved elsewhere (e.g. in a DataLoader's parent)
             else:

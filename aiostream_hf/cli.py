@@ -510,9 +510,9 @@ def _video_url(url: str, endpoint: str | None) -> str:
 async def _frames(
     url: str, at: list[float], tolerance: float | None, endpoint: str | None, token: str | None
 ) -> dict[str, Any]:
+    from . import video
     from ._fetcher import RangeFetcher
     from ._options import StreamOptions
-    from .formats import video
 
     # Frames far apart are read as separate concurrent ranges, not one span with holes.
     options = StreamOptions(coalesce_gap=64 * 1024)

@@ -27,12 +27,11 @@ import torch
 import torch.distributed
 import torch.utils.data
 
-from . import _bridge, _ranks, _resolver
+from . import _bridge, _ranks, _resolver, lerobot
 from ._exceptions import SourceError
 from ._models import Manifest
 from ._options import StreamOptions
 from ._stream import stream
-from .formats import lerobot
 
 __all__ = ["LeRobotStreamDataset", "StreamDataset", "distributed_rank"]
 

@@ -37,6 +37,7 @@ from functools import partial
 from typing import Any
 
 from . import _bridge
+from ._client import HubClient, use_client
 from ._exceptions import SourceError
 from ._fetcher import RangeFetcher
 from ._models import FileRef, Manifest
@@ -134,8 +135,9 @@ def stream(
 
 
 class _Opener:
-    """A resolver and a fetcher on the bridge's event loop, shared by the shards it opens
-    (``shared``), or made for each shard and closed with it.
+    """A client, a resolver and a fetcher on the bridge's event loop, shared by the shards
+    it opens (``shared``: one connection pool for all), or each shard's own over the
+    bridge loop's shared client, closed with the shard.
 
     Made again in a forked child (a DataLoader worker): the parent's belong to
     the parent's bridge thread, which the child does not have.
@@ -155,6 +157,7 @@ class _Opener:
         self.shared = shared
         self._lock = threading.Lock()
         self._pid = -1
+        self._hub: HubClient | None = None
         self._resolver: Resolver | None = None
         self._fetcher: RangeFetcher | None = None
         self._files: dict[str, FileRef] = {}
@@ -163,6 +166,7 @@ class _Opener:
         with self._lock:
             if self._pid != os.getpid():  # first use, or a forked child: start afresh
                 self._pid = os.getpid()
+                self._hub = None
                 self._resolver = self._fetcher = None
                 self._files = {}
 
@@ -174,7 +178,7 @@ class _Opener:
         if isinstance(source, HubSource):
             if resolver is None:
                 if self._resolver is None:
-                    self._resolver = Resolver(options=self.options)
+                    self._resolver = Resolver(options=self.options, client=self._client())
                 resolver = self._resolver
             manifest = await resolver.resolve(url, token=self.token, endpoint=self.endpoint)
             if len(manifest.files) != 1:
@@ -188,9 +192,16 @@ class _Opener:
         self._files[url] = file
         return file
 
+    def _client(self) -> HubClient:
+        if self._hub is None or self._hub.closed:
+            self._hub = HubClient()
+        return self._hub
+
     def _source(self) -> RangeFetcher:
         if self._fetcher is None or self._fetcher.closed:
-            self._fetcher = RangeFetcher(self.options, token=self.token, endpoint=self.endpoint)
+            self._fetcher = RangeFetcher(
+                self.options, token=self.token, endpoint=self.endpoint, client=self._client()
+            )
         return self._fetcher
 
     async def blocks(self, url: str) -> AsyncIterator[bytes]:
@@ -202,8 +213,11 @@ class _Opener:
                     yield block
             return
         async with (
-            Resolver(options=self.options) as resolver,
-            RangeFetcher(self.options, token=self.token, endpoint=self.endpoint) as fetcher,
+            use_client() as hub,
+            Resolver(options=self.options, client=hub) as resolver,
+            RangeFetcher(
+                self.options, token=self.token, endpoint=self.endpoint, client=hub
+            ) as fetcher,
         ):
             file = await self._file(url, resolver)
             async with fetcher.iter_bytes(file) as blocks:
@@ -214,10 +228,13 @@ class _Opener:
         """Close the fetcher and resolver of this process (waits for them on the bridge)."""
         self._check_process()
         fetcher, resolver, self._fetcher, self._resolver = self._fetcher, self._resolver, None, None
+        hub, self._hub = self._hub, None
         if fetcher is not None:
             _bridge.portal().call(fetcher.aclose)
         if resolver is not None:
             _bridge.portal().call(resolver.aclose)
+        if hub is not None:
+            _bridge.portal().call(hub.aclose)
 
     def open(self, url: str) -> ShardFile:
         self._check_process()
@@ -461,5 +478,5 @@ async def _resolve(
     endpoint: str | None = None,
     **kwargs: Any,
 ) -> Manifest:
-    async with Resolver(options=options) as resolver:
+    async with use_client() as hub, Resolver(options=options, client=hub) as resolver:
         return await resolver.resolve(source, token=token, endpoint=endpoint, **kwargs)

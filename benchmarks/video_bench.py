@@ -174,9 +174,8 @@ def _frames_worker(spec: dict[str, Any]) -> dict[str, Any]:
     if contender == "aiostream":
         import anyio
 
-        from aiostream_hf import FileRef, StreamOptions
+        from aiostream_hf import FileRef, StreamOptions, video
         from aiostream_hf._fetcher import RangeFetcher
-        from aiostream_hf.formats import video
 
         t0 = time.perf_counter()
 
@@ -376,8 +375,7 @@ def _lerobot_worker(spec: dict[str, Any]) -> dict[str, Any]:
     if contender == "aiostream":
         import anyio
 
-        from aiostream_hf import StreamOptions
-        from aiostream_hf.formats import lerobot
+        from aiostream_hf import StreamOptions, lerobot
 
         t0 = time.perf_counter()
         first: list[float] = []

@@ -26,7 +26,7 @@ from typing import Any
 import anyio
 
 import aiostream_hf as ash
-from aiostream_hf.formats import lerobot
+from aiostream_hf import lerobot
 
 CAMERA = "observation.images.top"
 

@@ -21,6 +21,7 @@ import anyio
 import httpx2
 import pytest
 
+from aiostream_hf._client import ratelimit as _ratelimit
 from aiostream_hf._exceptions import (
     ClosedResourceError,
     FetchError,
@@ -28,7 +29,7 @@ from aiostream_hf._exceptions import (
     RangeMismatchError,
     RetriesExhaustedError,
 )
-from aiostream_hf._fetcher import RangeFetcher, _ratelimit, coalesce_ranges
+from aiostream_hf._fetcher import RangeFetcher, coalesce_ranges
 from aiostream_hf._models import FileRef
 from aiostream_hf._options import StreamOptions
 from aiostream_hf._retry import retry_after as _retry_after

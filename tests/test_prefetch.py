@@ -150,7 +150,7 @@ async def test_a_done_job_counts_for_what_its_result_holds() -> None:
 
     async with Prefetcher(jobs(), max_count=8, max_bytes=100) as p:
         await anyio.wait_all_tasks_blocked()
-        assert started == [0, 1]
+        assert sorted(started) == [0, 1]  # both started (in either order on trio)
         assert p.statistics().held_bytes == 60  # what the two results hold, not 100
         async for value in p:
             await anyio.wait_all_tasks_blocked()

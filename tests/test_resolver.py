@@ -32,6 +32,7 @@ from aiostream_hf import (
     SourceError,
     SplitNotFoundError,
 )
+from aiostream_hf._client import HubClient
 from aiostream_hf._models import FileRef, Manifest
 from aiostream_hf._options import StreamOptions
 from aiostream_hf._resolver import Resolver, _glob_regex
@@ -551,7 +552,7 @@ async def test_a_cancelled_resolution_is_taken_over_by_a_waiter(root: Path, tmp_
     transport = _StallFirst()
     async with (
         HubServer(root) as hub,
-        httpx2.AsyncClient(transport=transport) as client,
+        HubClient(transport=transport) as client,
         Resolver(options=_options(tmp_path), client=client) as resolver,
     ):
         source = "hf://datasets/org/split-naming"
@@ -862,7 +863,10 @@ async def test_http_failures_are_retried_then_reported(root: Path, tmp_path: Pat
 
 
 @pytest.mark.anyio
-async def test_429_waits_for_retry_after(root: Path, tmp_path: Path) -> None:
+async def test_the_rate_limit_window_is_waited_out_before_a_429(root: Path, tmp_path: Path) -> None:
+    """The server allows 1 API request a second and says so (RateLimit: r=0): the
+    client pauses the host until the window resets, so the second request is not
+    refused (before the one client, the resolver ignored RateLimit and took a 429)."""
     make_repo_split_naming(root)
     limits = RateLimits(api=1, window_s=1)
     async with (
@@ -872,8 +876,28 @@ async def test_429_waits_for_retry_after(root: Path, tmp_path: Path) -> None:
         manifest = await resolver.resolve("hf://datasets/org/split-naming", endpoint=hub.endpoint)
         stats = hub.stats()
     assert len(manifest.files) == 3
+    assert stats.by_bucket == {"api": 2}
+    assert stats.throttled == 0
+    assert resolver.statistics().retries == 0
+
+
+@pytest.mark.anyio
+async def test_a_429_is_waited_out_for_its_retry_after(root: Path, tmp_path: Path) -> None:
+    """A server that refuses without warning: the 429's Retry-After pauses the host."""
+    make_repo_split_naming(root)
+    limits = RateLimits(api=1, window_s=1)
+    async with (
+        HubServer(root, rate_limits=limits) as hub,
+        Resolver(options=_options(tmp_path)) as r,
+    ):
+        # Another client used the window up: this one has not seen its RateLimit header.
+        async with httpx2.AsyncClient() as other:
+            await other.get(f"{hub.endpoint}/api/datasets/org/split-naming")
+        manifest = await r.resolve("hf://datasets/org/split-naming", endpoint=hub.endpoint)
+        stats = hub.stats()
+    assert len(manifest.files) == 3
     assert stats.throttled == 1
-    assert resolver.statistics().retries == 1
+    assert r.statistics().retries == 1
 
 
 # -- the cache, the manifest, the lifecycle --------------------------------------------------
@@ -921,10 +945,10 @@ def test_manifest_pickles_and_round_trips_through_json() -> None:
 async def test_closed_resolver_refuses_work_and_a_given_client_stays_open(
     tmp_path: Path, one_parquet: Path
 ) -> None:
-    async with httpx2.AsyncClient() as client:
+    async with HubClient() as client:
         async with Resolver(options=_options(tmp_path), client=client) as resolver:
             await resolver.resolve(one_parquet)
-        assert not client.is_closed
+        assert not client.closed
         with pytest.raises(ClosedResourceError, match="closed"):
             await resolver.resolve(one_parquet)
 

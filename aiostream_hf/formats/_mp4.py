@@ -1,6 +1,6 @@
 """The I/O-free MP4 (ISO-BMFF) core: find ``moov``, parse a video track's sample table.
 
-Nothing here reads a file. The async layer (``aiostream_hf.formats.video``) reads
+Nothing here reads a file. The async layer (``aiostream_hf.video``) reads
 the head and the tail of a file at once, walks the top-level boxes with
 ``read_box_header`` and jumps from box to box until it holds the whole ``moov``::
 

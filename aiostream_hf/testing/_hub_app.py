@@ -54,6 +54,7 @@ class HubStats:
     peak_concurrent: int
     throttled: int
     faults: Mapping[str, int]
+    connections: int = 0  # distinct client connections (peer address and port) seen
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -65,6 +66,7 @@ class HubStats:
             "peak_concurrent": self.peak_concurrent,
             "throttled": self.throttled,
             "faults": dict(self.faults),
+            "connections": self.connections,
         }
 
     @classmethod
@@ -78,6 +80,7 @@ class HubStats:
             peak_concurrent=data["peak_concurrent"],
             throttled=data["throttled"],
             faults=data["faults"],
+            connections=data.get("connections", 0),
         )
 
 
@@ -114,6 +117,7 @@ class _Counters:
         self.peak_concurrent = 0
         self.throttled = 0
         self.faults: dict[str, int] = {}
+        self.peers: set[tuple[str, int]] = set()  # bounded by the ports of one host
 
     def bump(self, table: dict[Any, int], key: Any, n: int = 1) -> None:
         table[key] = table.get(key, 0) + n
@@ -129,6 +133,7 @@ class _Counters:
                 self.peak_concurrent,
                 self.throttled,
                 dict(self.faults),
+                len(self.peers),
             )
 
 
@@ -264,6 +269,9 @@ class HubApp:
             c.bump(c.by_bucket, bucket)
             c.concurrent += 1
             c.peak_concurrent = max(c.peak_concurrent, c.concurrent)
+            if scope.get("client"):
+                host, port = scope["client"]
+                c.peers.add((str(host), int(port)))
         try:
             faults = self.injector.faults
             if faults.latency_ms > 0:

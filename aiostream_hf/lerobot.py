@@ -2,7 +2,7 @@
 
 ::
 
-    from aiostream_hf.formats import lerobot
+    from aiostream_hf import lerobot
 
     s = lerobot.stream(
         "hf://datasets/lerobot/svla_so101_pickplace",
@@ -97,8 +97,9 @@ import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .._bridge import SyncIterator
-from .._exceptions import (
+from ._bridge import SyncIterator
+from ._client import use_client
+from ._exceptions import (
     ClosedResourceError,
     DecodeError,
     EntryNotFoundError,
@@ -107,15 +108,15 @@ from .._exceptions import (
     SourceError,
     SplitNotFoundError,
 )
-from .._fetcher import RangeFetcher
-from .._models import FileRef
-from .._options import StreamOptions
-from .._prefetch import Job, Prefetcher
-from .._ranks import rank_and_world
-from .._resolver import Resolver
-from .._sources import HubSource, has_glob, parse_sources
-from . import ByteSource
-from .parquet import (
+from ._fetcher import RangeFetcher
+from ._models import FileRef
+from ._options import StreamOptions
+from ._prefetch import Job, Prefetcher
+from ._ranks import rank_and_world
+from ._resolver import Resolver
+from ._sources import HubSource, has_glob, parse_sources
+from .formats import ByteSource
+from .formats.parquet import (
     TAIL_READ_SIZE,
     decode_row_group,
     footer_length,
@@ -473,8 +474,11 @@ class LeRobotStream:
         self._check_open()
         if self._meta is None:
             async with (
-                Resolver(options=self._options) as resolver,
-                RangeFetcher(self._options, token=self._token, endpoint=self._endpoint) as fetcher,
+                use_client() as hub,
+                Resolver(options=self._options, client=hub) as resolver,
+                RangeFetcher(
+                    self._options, token=self._token, endpoint=self._endpoint, client=hub
+                ) as fetcher,
             ):
                 root = await self._root(resolver)
                 self._meta = await _load_metadata(root, fetcher)
@@ -651,8 +655,9 @@ class LeRobotStream:
         """Items in batches: metadata, then data files and frames, read ahead."""
         opts = self._options
         async with (
-            Resolver(options=opts) as resolver,
-            RangeFetcher(opts, token=self._token, endpoint=self._endpoint) as fetcher,
+            use_client() as hub,
+            Resolver(options=opts, client=hub) as resolver,
+            RangeFetcher(opts, token=self._token, endpoint=self._endpoint, client=hub) as fetcher,
         ):
             self._resolver, self._fetcher = resolver, fetcher
             if self._meta is None:

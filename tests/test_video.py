@@ -30,6 +30,7 @@ import av
 import numpy as np
 import pytest
 
+from aiostream_hf import video
 from aiostream_hf._exceptions import (
     ClosedResourceError,
     DecodeError,
@@ -38,7 +39,7 @@ from aiostream_hf._exceptions import (
     SourceError,
 )
 from aiostream_hf._models import FileRef
-from aiostream_hf.formats import _mp4, video
+from aiostream_hf.formats import _mp4
 
 pytestmark = pytest.mark.anyio
 
@@ -233,6 +234,14 @@ def videos(tmp_path_factory: pytest.TempPathFactory) -> Videos:
     return Videos(tmp_path_factory.mktemp("videos"))
 
 
+async def _round_trip() -> None:
+    """The network, for a fake source: a few passes of the scheduler, so that the reads
+    a caller starts together all begin before the first one ends, on asyncio (which runs
+    tasks in the order they were started) and on trio (which may not)."""
+    for _ in range(4):
+        await anyio.lowlevel.checkpoint()
+
+
 class LocalSource:
     """A ByteSource over one local file that records every read asked of it.
 
@@ -253,7 +262,7 @@ class LocalSource:
             assert 0 <= start < end, (start, end)
         assert ranges == sorted(ranges)
         call = self._begin("ranges", ranges)
-        await anyio.lowlevel.checkpoint()
+        await _round_trip()
         self._ended.append(call)
         if ranges[-1][1] > len(self.data):
             raise RangeMismatchError(
@@ -266,7 +275,7 @@ class LocalSource:
     async def read_tail(self, file: FileRef, n: int) -> tuple[bytes, int]:
         start = max(0, len(self.data) - n)
         call = self._begin("tail", [(start, len(self.data))])
-        await anyio.lowlevel.checkpoint()
+        await _round_trip()
         self._ended.append(call)
         return self.data[start:], len(self.data)
 

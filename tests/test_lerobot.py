@@ -43,7 +43,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from aiostream_hf import StreamOptions
+from aiostream_hf import StreamOptions, lerobot
 from aiostream_hf._exceptions import (
     ClosedResourceError,
     DecodeError,
@@ -52,7 +52,6 @@ from aiostream_hf._exceptions import (
     SourceError,
     SplitNotFoundError,
 )
-from aiostream_hf.formats import lerobot
 from aiostream_hf.testing import HubServer, LeRobotLayout, make_lerobot_dataset
 
 pytestmark = pytest.mark.anyio
@@ -344,7 +343,7 @@ SYNC_SCRIPT = """
 import pickle, sys
 from pathlib import Path
 from aiostream_hf import StreamOptions
-from aiostream_hf.formats import lerobot
+from aiostream_hf import lerobot
 
 uri, endpoint, cache, out = sys.argv[1:]
 options = StreamOptions(cache_dir=Path(cache))
@@ -557,7 +556,7 @@ RESUME_SYNC_SCRIPT = """
 import json, sys
 from pathlib import Path
 from aiostream_hf import StreamOptions
-from aiostream_hf.formats import lerobot
+from aiostream_hf import lerobot
 
 uri, endpoint, cache, out = sys.argv[1:]
 options = StreamOptions(cache_dir=Path(cache))

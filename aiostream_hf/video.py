@@ -33,6 +33,7 @@ on the bytes in memory: correct, not minimal.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import io
 import os
@@ -57,17 +58,17 @@ from anyio.lowlevel import RunVar
 from av.video.codeccontext import VideoCodecContext
 from av.video.frame import VideoFrame
 
-from .._exceptions import (
+from ._exceptions import (
     ClosedResourceError,
     DecodeError,
     FetchError,
     FrameTimestampError,
     SourceError,
 )
-from .._models import FileRef
-from . import ByteSource, StreamSource
-from ._arrivals import Arrivals, Span, Unfinished, merge_spans
-from ._mp4 import (
+from ._models import FileRef
+from .formats import ByteSource, StreamSource
+from .formats._arrivals import Arrivals, Span, Unfinished, merge_spans
+from .formats._mp4 import (
     BOX_HEADER_MAX,
     HEAD_READ_SIZE,
     TAIL_READ_SIZE,
@@ -77,10 +78,10 @@ from ._mp4 import (
     parse_moov,
     read_box_header,
 )
-from ._split import next_job, split
+from .formats._split import next_job, split
 
 if TYPE_CHECKING:
-    from .._options import StreamOptions
+    from ._options import StreamOptions
 
 _VIDEO_COALESCE_GAP = 64 * 1024
 _HOP_REACH = 16 * 1024 * 1024  # a read towards moov goes on to the tail read when this near
@@ -167,8 +168,9 @@ def open(
 
     ``source`` is an http(s) URL, a ``file://`` URL, a local path or a ``FileRef``.
     ``fetcher`` is any ``ByteSource`` (a ``RangeFetcher``, shared by many readers);
-    without one the reader creates a ``RangeFetcher(options, token=token)`` and closes
-    it with itself. Opening reads the file's index; a file that is not a video, or
+    without one the reader creates a ``RangeFetcher(options, token=token)`` over the
+    event loop's shared ``HubClient`` (one connection pool with every stream of the
+    loop) and closes it with itself. Opening reads the file's index; a file that is not a video, or
     whose codec PyAV cannot decode, raises ``DecodeError``.
     """
     return VideoReader(_file_ref(source), fetcher=fetcher, options=options, token=token)
@@ -187,7 +189,7 @@ class VideoReader:
     ) -> None:
         self.file = file
         self._source = fetcher
-        self._owned: Any = None  # the RangeFetcher this reader created, if any
+        self._owned: contextlib.AsyncExitStack | None = None  # what this reader opened
         self._options = options
         self._token = token
         self._index: _Indexed | _Demuxed | None = None
@@ -212,15 +214,20 @@ class VideoReader:
             raise ClosedResourceError(f"this VideoReader of {self.file.path} is closed")
         if self._index is not None:
             return
-        if self._source is None:
-            from .._fetcher import RangeFetcher
-            from .._options import StreamOptions
-
-            # Frames of one call lie in a few GOPs: merging gaps of up to 1 MiB (the
-            # stream default) would fetch the video between them.
-            options = self._options or StreamOptions(coalesce_gap=_VIDEO_COALESCE_GAP)
-            self._owned = self._source = RangeFetcher(options, token=self._token)
         try:
+            if self._source is None:
+                from ._client import use_client
+                from ._fetcher import RangeFetcher
+                from ._options import StreamOptions
+
+                # Frames of one call lie in a few GOPs: merging gaps of up to 1 MiB (the
+                # stream default) would fetch the video between them.
+                options = self._options or StreamOptions(coalesce_gap=_VIDEO_COALESCE_GAP)
+                self._owned = contextlib.AsyncExitStack()
+                hub = await self._owned.enter_async_context(use_client())
+                self._source = await self._owned.enter_async_context(
+                    RangeFetcher(options, token=self._token, client=hub)
+                )
             self._index = await _load(self.file, self._source, self._stats)
         except BaseException:
             await self.aclose()
@@ -237,7 +244,7 @@ class VideoReader:
         owned, self._owned = self._owned, None
         if owned is not None:
             with anyio.CancelScope(shield=True):
-                await owned.aclose()
+                await owned.aclose()  # the fetcher, then this reader's use of the client
 
     @property
     def closed(self) -> bool:
@@ -453,7 +460,12 @@ class VideoReader:
                 self._count("frame_bytes", arrivals.received(k))
             _check_length(self.file, start, end, arrivals.received(k))
 
-        async def guarded(work: Callable[..., Awaitable[None]], *args: Any) -> None:
+        async def guarded(
+            work: Callable[..., Awaitable[None]],
+            *args: Any,
+            task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
+        ) -> None:
+            task_status.started()  # the next read starts once this one has been asked for
             try:
                 await work(*args)
             except Unfinished:
@@ -489,14 +501,16 @@ class VideoReader:
             tg.start_soon(watch)
             if hits:
                 tg.start_soon(guarded, convert)
+            # Started one after the other (``start`` returns once a read has been asked
+            # for), so the requests go out in this order on every backend: longest first.
             for arrivals, ranges in reads:
                 if streams is None:
                     self._count("frame_requests", 1)
-                    tg.start_soon(guarded, read, arrivals, ranges)
+                    await tg.start(guarded, read, arrivals, ranges)
                     continue
                 self._count("frame_requests", len(arrivals.spans))
                 for k in range(len(arrivals.spans)):
-                    tg.start_soon(guarded, stream, streams, arrivals, k)
+                    await tg.start(guarded, stream, streams, arrivals, k)
             tg.start_soon(decode)
         if failures:
             raise failures[0]
@@ -667,7 +681,8 @@ async def _read_ends(file: FileRef, source: ByteSource, stats: dict[str, Any]) -
     head_failure: list[FetchError] = []
     tail_failure: list[Exception] = []
 
-    async def read_tail() -> None:
+    async def read_tail(*, task_status: anyio.abc.TaskStatus[None]) -> None:
+        task_status.started()
         try:
             tail.append(await source.read_tail(file, TAIL_READ_SIZE))
         except Exception as exc:  # re-raised below, as it was raised
@@ -681,7 +696,7 @@ async def _read_ends(file: FileRef, source: ByteSource, stats: dict[str, Any]) -
             head_failure.append(exc)
 
     async with anyio.create_task_group() as tg:
-        tg.start_soon(read_tail)
+        await tg.start(read_tail)  # asked for first, on every backend: it holds the index
         tg.start_soon(read_head)
     if tail_failure:
         raise tail_failure[0]

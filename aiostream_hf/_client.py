@@ -1,0 +1,482 @@
+"""HubClient: the one HTTP client of an event loop, and the rules every request follows.
+
+    async with ash.HubClient() as client:          # one connection pool for the service
+        async with ash.stream(src_a, client=client) as a, ash.stream(src_b, client=client) as b:
+            ...
+
+Every request of the library goes through a ``HubClient``: the resolver's API and
+``/resolve/`` calls, the fetcher's range reads and streams, the video reader's. It owns
+what requests must share to behave well together:
+
+- the connection pool (one ``httpx2.AsyncClient``, TLS set up on the first https
+  request) and a limiter on the requests in flight across every user, so that a
+  request waits for a connection here, never in the pool (where it would time out);
+- the host gates: a 429 (or ``RateLimit: ...;r=0``) pauses the whole host for every
+  user, the resolver and the fetcher alike; when the pause ends one request goes first
+  and its ``RateLimit`` header says how many may follow;
+- the CDN URL cache: where each file's bytes are served (its ``/resolve/`` redirect),
+  kept until the signed URL expires, with one resolution in flight per file;
+- the one retry policy (jittered exponential backoff, the server's ``Retry-After``
+  capped at the Hub's 5-minute rate-limit window) and the one token rule (a token
+  goes to its Hub's own origin only, never to a CDN or another host).
+
+Callers keep what is theirs: their options (retries, timeouts, range sizes), their
+token and endpoint, their statistics.
+
+Without an explicit client, the streams of one event loop share a default one
+(``use_client``): made by the first, closed when the last one ends, so a finished
+program leaves no socket open. Pass a client of your own to keep one pool (and its
+warm connections) for a service's life.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import re
+import time
+import urllib.request
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
+from types import TracebackType
+
+import anyio
+import httpx2
+from anyio.lowlevel import RunVar
+
+from .__version__ import __version__
+from ._exceptions import ClosedResourceError, SourceError
+from ._retry import backoff_delay, retry_after
+from ._transport import SchemeTransport, tls_context
+
+__all__ = [
+    "MAX_SERVER_DELAY_S",
+    "ClientStatistics",
+    "HubClient",
+    "Pending",
+    "Route",
+    "auth_headers",
+    "host_key",
+    "origin",
+    "ratelimit",
+    "use_client",
+]
+
+#: The longest wait a server may ask for; the Hub's rate-limit windows are 5 minutes.
+MAX_SERVER_DELAY_S = 300.0
+_DEFAULT_MAX_CONNECTIONS = 64
+_RATELIMIT_REMAINING = re.compile(r"(?:^|[;,\s])(?:r|remaining)=(\d+)")
+_RATELIMIT_RESET = re.compile(r"(?:^|[;,\s])(?:t|reset)=(\d+(?:\.\d+)?)")
+
+
+@dataclass(frozen=True)
+class ClientStatistics:
+    """What a client has done since it was made.
+
+    requests: HTTP requests sent through it, by every user.
+    in_flight / max_in_flight: requests holding a connection slot now / at the peak.
+    throttled: 429 answers received.
+    paused_hosts: hosts paused now (a 429, or a rate-limit budget used up).
+    routes: files whose serving URL (CDN redirect) is cached.
+    users / max_users: streams and readers using it now / at the peak.
+    max_connections: the bound on requests in flight (and on pooled connections).
+    """
+
+    requests: int
+    in_flight: int
+    max_in_flight: int
+    throttled: int
+    paused_hosts: int
+    routes: int
+    users: int
+    max_users: int
+    max_connections: int
+
+
+def origin(url: str) -> tuple[str, str, int]:
+    """(scheme, host, port) of a URL: what a token is scoped to, and a gate keyed by."""
+    u = httpx2.URL(url)
+    default = {"http": 80, "https": 443}.get(u.scheme, 0)
+    return u.scheme, u.host.lower(), u.port or default
+
+
+def host_key(url: str) -> str:
+    """The key of ``url``'s host gate: "name:port"."""
+    _, host, port = origin(url)
+    return f"{host}:{port}"
+
+
+def auth_headers(url: str, token: str | None, endpoint: str) -> dict[str, str]:
+    """The Authorization header for ``url``: only when it is on ``endpoint``'s origin."""
+    if token and origin(url) == origin(endpoint):
+        return {"Authorization": f"Bearer {token}"}
+    return {}
+
+
+def ratelimit(value: str | None) -> tuple[int, float] | None:
+    """(remaining, seconds to reset) from ``RateLimit: "<bucket>";r=<n>;t=<s>``."""
+    if not value:
+        return None
+    remaining = _RATELIMIT_REMAINING.search(value)
+    reset = _RATELIMIT_RESET.search(value)
+    if remaining is None or reset is None:
+        return None
+    return int(remaining.group(1)), float(reset.group(1))
+
+
+@dataclass(frozen=True)
+class Route:
+    """Where a file's bytes are read: its own URL (direct) or the URL it redirected to."""
+
+    url: str
+    direct: bool
+    reuse_until: float | None = None  # wall-clock seconds
+
+    def expired(self, now: float) -> bool:
+        return self.reuse_until is not None and now >= self.reuse_until
+
+
+class Pending:
+    """A resolution in flight: readers of the same file wait for ``done``."""
+
+    __slots__ = ("done", "error")
+
+    def __init__(self) -> None:
+        self.done = anyio.Event()
+        self.error: Exception | None = None
+
+
+class _HostGate:
+    """A host that rate-limited us: paused until a time, then probed, then budgeted."""
+
+    __slots__ = ("budget", "budget_until", "paused_until", "probe_done", "probe_needed", "prober")
+
+    def __init__(self) -> None:
+        self.paused_until = float("-inf")  # anyio.current_time() deadline
+        self.probe_needed = False
+        self.prober: object | None = None
+        self.probe_done: anyio.Event | None = None
+        self.budget: int | None = None  # requests left in the window (RateLimit r=)
+        self.budget_until = float("-inf")
+
+    def pause(self, until: float) -> None:
+        self.paused_until = max(self.paused_until, until)
+        self.probe_needed = True
+        self.budget = None
+
+
+class HubClient:
+    """The HTTP client of one event loop: pool, host gates, CDN URL cache, retry policy.
+
+    ``max_connections`` bounds the requests in flight (and the pooled connections) of
+    every user together. ``transport`` replaces the network (``httpx2.MockTransport``
+    in unit tests). Close it (``async with`` or ``aclose()``); a closed client raises
+    ``ClosedResourceError``. It belongs to the event loop it is first used in.
+    """
+
+    def __init__(
+        self,
+        *,
+        max_connections: int = _DEFAULT_MAX_CONNECTIONS,
+        transport: httpx2.AsyncBaseTransport | None = None,
+    ) -> None:
+        if not isinstance(max_connections, int) or max_connections < 1:
+            raise SourceError(f"HubClient(max_connections={max_connections!r}): must be >= 1")
+        limits = httpx2.Limits(
+            max_connections=max_connections, max_keepalive_connections=max_connections
+        )
+        self.http = httpx2.AsyncClient(
+            transport=SchemeTransport(limits) if transport is None else transport,
+            # Only proxies from the environment (HTTPS_PROXY...) use the client's `verify`.
+            verify=tls_context() if urllib.request.getproxies() else True,
+            follow_redirects=False,
+            limits=limits,
+            headers={"Accept-Encoding": "identity", "User-Agent": f"aiostream-hf/{__version__}"},
+        )
+        self.max_connections = max_connections
+        self._slots = anyio.CapacityLimiter(max_connections)
+        self._rng = random.Random()
+        self._closed = False
+        self._hosts: dict[str, _HostGate] = {}
+        self._routes: dict[str, Route] = {}
+        self._pending: dict[str, Pending] = {}
+        self._requests = 0
+        self._in_flight = 0
+        self._max_in_flight = 0
+        self._throttled = 0
+        self._users = 0
+        self._max_users = 0
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    async def __aenter__(self) -> HubClient:
+        self.check_open()
+        return self
+
+    async def __aexit__(
+        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Close the connection pool (shielded from cancellation)."""
+        if self._closed:
+            return
+        self._closed = True
+        with anyio.CancelScope(shield=True):
+            await self.http.aclose()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def check_open(self) -> None:
+        if self._closed:
+            raise ClosedResourceError("this HubClient is closed: create a new one")
+
+    def statistics(self) -> ClientStatistics:
+        now = anyio.current_time() if self._hosts else 0.0
+        return ClientStatistics(
+            requests=self._requests,
+            in_flight=self._in_flight,
+            max_in_flight=self._max_in_flight,
+            throttled=self._throttled,
+            paused_hosts=sum(1 for g in self._hosts.values() if g.paused_until > now),
+            routes=len(self._routes),
+            users=self._users,
+            max_users=self._max_users,
+            max_connections=self.max_connections,
+        )
+
+    # -- requests --------------------------------------------------------------------------
+
+    async def send(
+        self, request: httpx2.Request, *, stream: bool = False, follow_redirects: bool = False
+    ) -> httpx2.Response:
+        """Send ``request`` on the pool (the caller holds a slot: ``acquire``)."""
+        self.check_open()
+        self._requests += 1
+        return await self.http.send(request, stream=stream, follow_redirects=follow_redirects)
+
+    # -- slots and host gates (plain synchronous state, awaited only to wait) ---------------
+
+    async def acquire(
+        self, host: str, owner: object, limiter: anyio.CapacityLimiter | None = None
+    ) -> None:
+        """Wait until ``host`` may be sent a request, then take a slot (the caller's
+        ``limiter`` first, if any, then one of this client's)."""
+        try:
+            while True:
+                wait = self._gate_nowait(host, owner)
+                if isinstance(wait, float):
+                    await anyio.sleep_until(wait)
+                    continue
+                if wait is not None:
+                    await wait.wait()
+                    continue
+                if limiter is not None:
+                    await limiter.acquire_on_behalf_of(owner)
+                try:
+                    await self._slots.acquire_on_behalf_of(owner)
+                except BaseException:
+                    if limiter is not None:
+                        limiter.release_on_behalf_of(owner)
+                    raise
+                if self._blocked(host, owner):  # paused while we waited for a slot
+                    self._slots.release_on_behalf_of(owner)
+                    if limiter is not None:
+                        limiter.release_on_behalf_of(owner)
+                    continue
+                break
+        except BaseException:
+            self.end_probe(host, owner, answered=False)
+            raise
+        self._in_flight += 1
+        self._max_in_flight = max(self._max_in_flight, self._in_flight)
+
+    def release(
+        self, host: str, owner: object, limiter: anyio.CapacityLimiter | None = None
+    ) -> None:
+        """Give back the slot ``acquire`` took."""
+        self._in_flight -= 1
+        self._slots.release_on_behalf_of(owner)
+        if limiter is not None:
+            limiter.release_on_behalf_of(owner)
+        self.end_probe(host, owner, answered=False)
+
+    def _gate_nowait(self, host: str, owner: object) -> float | anyio.Event | None:
+        """None: go. A float: sleep until that time. An Event: wait for the probe's answer."""
+        gate = self._hosts.get(host)
+        if gate is None:
+            return None
+        now = anyio.current_time()
+        if gate.paused_until > now:
+            return gate.paused_until
+        if gate.prober is not None:
+            return None if gate.prober is owner else gate.probe_done
+        if gate.probe_needed:
+            # After a pause one request goes first; its RateLimit header says how many may follow.
+            gate.probe_needed = False
+            gate.prober = owner
+            gate.probe_done = anyio.Event()
+            return None
+        if gate.budget is not None:
+            if now >= gate.budget_until:
+                gate.budget = None
+            elif gate.budget <= 0:
+                gate.pause(gate.budget_until)
+                return gate.budget_until
+            else:
+                gate.budget -= 1
+        return None
+
+    def _blocked(self, host: str, owner: object) -> bool:
+        gate = self._hosts.get(host)
+        if gate is None:
+            return False
+        if gate.paused_until > anyio.current_time():
+            return True
+        return gate.prober is not None and gate.prober is not owner
+
+    def end_probe(self, host: str, owner: object, *, answered: bool) -> None:
+        gate = self._hosts.get(host)
+        if gate is None or gate.prober is not owner:
+            return
+        gate.prober = None
+        if not answered:
+            gate.probe_needed = True  # nothing learned: the next request probes again
+        if gate.probe_done is not None:
+            gate.probe_done.set()
+            gate.probe_done = None
+
+    def note_response(
+        self,
+        host: str,
+        owner: object,
+        headers: Mapping[str, str],
+        status: int,
+        *,
+        failures: int,
+        backoff_base: float,
+        backoff_max: float,
+    ) -> None:
+        """Learn the host's rate-limit state from an answer; pause the host on a 429."""
+        limit = ratelimit(headers.get("RateLimit"))
+        if limit is None and status != 429 and host not in self._hosts:
+            return
+        gate = self._hosts.setdefault(host, _HostGate())
+        now = anyio.current_time()
+        if limit is not None:
+            remaining, reset = limit
+            gate.budget, gate.budget_until = remaining, now + reset
+            if remaining <= 0:
+                gate.pause(now + min(reset, MAX_SERVER_DELAY_S))
+        if status == 429:
+            self._throttled += 1
+            delay = retry_after(headers.get("Retry-After"))
+            if delay is None and limit is not None:
+                delay = limit[1]
+            if delay is None:
+                delay = self.backoff(failures + 1, backoff_base, backoff_max)
+            gate.pause(now + min(delay, max(MAX_SERVER_DELAY_S, backoff_max)))
+        self.end_probe(host, owner, answered=True)
+
+    # -- the retry policy --------------------------------------------------------------------
+
+    def backoff(self, failures: int, base: float, cap: float) -> float:
+        """Jittered exponential backoff before retry number ``failures``."""
+        return backoff_delay(failures, base, cap, self._rng)
+
+    def retry_delay(
+        self, failures: int, server_delay: float | None, *, base: float, cap: float
+    ) -> float:
+        """How long to wait before a retry: the server's ``Retry-After`` when it gave one
+        (at most the Hub's rate-limit window, or ``cap`` if longer), else the backoff."""
+        if server_delay is None:
+            return self.backoff(failures, base, cap)
+        return min(server_delay, max(MAX_SERVER_DELAY_S, cap))
+
+    # -- where files are served (plain synchronous state) -----------------------------------
+
+    def route_nowait(self, key: str, own: Route | None) -> tuple[Route | Pending | None, bool]:
+        """Where to read file ``key``: a cached route, a resolution to wait for, or None
+        (this caller resolves it: it is the leader until ``set_route``/``resolution_ended``).
+        The flag says a cached route had expired and was dropped."""
+        route = self._routes.get(key)
+        dropped = False
+        if route is not None:
+            # A route the caller just learned is used at least once, expired or not:
+            # the server decides, and 401/403/410 re-resolves.
+            if route is own or not route.expired(time.time()):
+                return route, False
+            del self._routes[key]
+            dropped = True
+        pending = self._pending.get(key)
+        if pending is not None:
+            return pending, dropped
+        self._pending[key] = Pending()
+        return None, dropped
+
+    def set_route(self, key: str, route: Route, *, leader: bool) -> None:
+        self._routes[key] = route
+        if leader:
+            pending = self._pending.pop(key, None)
+            if pending is not None:
+                pending.done.set()
+
+    def invalidate(self, key: str, route: Route) -> bool:
+        """Drop ``route`` unless a newer one was learned meanwhile; True if dropped."""
+        if self._routes.get(key) is route:
+            del self._routes[key]
+            return True
+        return False
+
+    def resolution_ended(self, key: str, error: Exception | None) -> None:
+        """The leader failed (error) or went away (None: a waiting reader takes over)."""
+        pending = self._pending.pop(key, None)
+        if pending is not None:
+            pending.error = error
+            pending.done.set()
+
+
+# -- one default client per event loop --------------------------------------------------------
+
+
+class _LoopClient:
+    __slots__ = ("client",)
+
+    def __init__(self, client: HubClient) -> None:
+        self.client = client
+
+
+_LOOP_CLIENT: RunVar[_LoopClient | None] = RunVar("aiostream_hf_client", default=None)
+
+
+@contextlib.asynccontextmanager
+async def use_client(client: HubClient | None = None) -> AsyncIterator[HubClient]:
+    """``client`` if given (its owner closes it), else this event loop's default client:
+    made by its first user, closed when its last user leaves."""
+    if client is not None:
+        client.check_open()
+        client._users += 1
+        client._max_users = max(client._max_users, client._users)
+        try:
+            yield client
+        finally:
+            client._users -= 1
+        return
+    holder = _LOOP_CLIENT.get()
+    if holder is None or holder.client.closed:
+        holder = _LoopClient(HubClient())
+        _LOOP_CLIENT.set(holder)
+    shared = holder.client
+    shared._users += 1
+    shared._max_users = max(shared._max_users, shared._users)
+    try:
+        yield shared
+    finally:
+        shared._users -= 1
+        if shared._users == 0:
+            if _LOOP_CLIENT.get() is holder:
+                _LOOP_CLIENT.set(None)  # a user arriving from now on makes a new one
+            await shared.aclose()

@@ -1,0 +1,182 @@
+"""HubClient: one connection pool and one set of host gates per event loop.
+
+Unit tests drive the client through an ``httpx2.MockTransport``; the integration test
+runs eight streams of different formats against the local Hub server.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx2
+import pytest
+
+import aiostream_hf as ash
+from aiostream_hf import lerobot, video
+from aiostream_hf._client import HubClient, auth_headers, use_client
+from aiostream_hf._fetcher import RangeFetcher
+from aiostream_hf._models import FileRef
+from aiostream_hf._resolver import Resolver
+from aiostream_hf.testing import (
+    HubServer,
+    make_lerobot_dataset,
+    make_repo,
+    make_text_parquet,
+    make_video,
+    make_webdataset_shards,
+)
+
+pytestmark = pytest.mark.anyio
+
+HUB = "http://hub.test"
+FILE = FileRef(url=f"{HUB}/datasets/org/name/resolve/{'a' * 40}/data.bin", path="data.bin", size=4)
+
+
+class _Recorder:
+    """A fake Hub: the first request of ``refuse`` ("api" or "resolve") gets a 429 with
+    Retry-After; every request's path is recorded."""
+
+    def __init__(self, refuse: str) -> None:
+        self.refuse = refuse
+        self.paths: list[str] = []
+        self.refused = anyio.Event()
+
+    def __call__(self, request: httpx2.Request) -> httpx2.Response:
+        path = request.url.path
+        self.paths.append(path)
+        kind = "api" if path.startswith("/api/") else "resolve"
+        if kind == self.refuse and not self.refused.is_set():
+            self.refused.set()
+            return httpx2.Response(429, headers={"Retry-After": "30"})
+        if kind == "resolve":
+            return httpx2.Response(
+                206, content=b"data", headers={"Content-Range": "bytes 0-3/4"}
+            )
+        return httpx2.Response(404, json={"error": "not in this fake"})
+
+
+@pytest.mark.parametrize("refused", ["api", "resolve"])
+async def test_a_429_pauses_the_host_for_the_resolver_and_the_fetcher_alike(
+    tmp_path: Path, refused: str
+) -> None:
+    """Whichever of the two is refused first, the other sends nothing to that host until
+    the pause ends (30 s here: the test looks for half a second, then leaves)."""
+    hub = _Recorder(refused)
+    options = ash.StreamOptions(cache_dir=tmp_path, backoff_base=0.001, backoff_max=0.01)
+    async with (
+        HubClient(transport=httpx2.MockTransport(hub)) as client,
+        Resolver(options=options, client=client) as resolver,
+        RangeFetcher(options, endpoint=HUB, client=client) as fetcher,
+    ):
+
+        async def resolve() -> None:
+            await resolver.resolve("hf://datasets/org/name", endpoint=HUB)
+
+        async def read() -> None:
+            await fetcher.read(FILE, 0, 4)
+
+        first, second = (resolve, read) if refused == "api" else (read, resolve)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(first)
+            await hub.refused.wait()
+            assert client.statistics().paused_hosts == 1
+            with anyio.move_on_after(0.5):
+                await second()
+            tg.cancel_scope.cancel()
+    assert len(hub.paths) == 1  # the refused request; nothing went out after it
+    assert client.statistics().throttled == 1
+
+
+def test_a_token_goes_to_its_own_hub_only() -> None:
+    assert auth_headers(f"{HUB}/api/x", "t", HUB) == {"Authorization": "Bearer t"}
+    assert auth_headers("http://hub.test:8080/api/x", "t", HUB) == {}
+    assert auth_headers("https://hub.test/api/x", "t", HUB) == {}
+    assert auth_headers("http://cdn.test/x", "t", HUB) == {}
+    assert auth_headers(f"{HUB}/api/x", None, HUB) == {}
+
+
+async def test_the_loop_client_is_shared_then_closed_by_its_last_user() -> None:
+    async with use_client() as a, use_client() as b:
+        assert a is b
+        assert a.statistics().users == 2
+    assert a.closed
+    async with use_client() as c:
+        assert c is not a  # a user after the last one left gets a new one
+    mine = HubClient()
+    async with use_client(mine) as d:
+        assert d is mine
+    assert not mine.closed  # its owner closes it
+    await mine.aclose()
+    with pytest.raises(ash.ClosedResourceError):
+        async with use_client(mine):
+            pass
+
+
+def test_bad_max_connections() -> None:
+    with pytest.raises(ash.SourceError, match="max_connections"):
+        HubClient(max_connections=0)
+
+
+# -- eight streams of four kinds, one pool -------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def hub_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("hub")
+    data = tmp_path_factory.mktemp("data")
+    parquet = data / "p.parquet"
+    make_text_parquet(parquet, rows=200, row_group_size=50)
+    make_repo(root, "org/text", {"data/train-00000-of-00001.parquet": parquet})
+    shards = make_webdataset_shards(data / "shards", shards=2, samples_per_shard=20)
+    make_repo(root, "org/tars", {f"train/{p.name}": p for p in shards})
+    clip = data / "clip.mp4"
+    make_video(clip, frames=30, width=64, height=48)
+    make_repo(root, "org/clips", {"clip.mp4": clip})
+    make_lerobot_dataset(root, "org/robot", episodes=[10, 10], width=64, height=48)
+    return root
+
+
+async def test_eight_streams_of_four_kinds_share_one_client(
+    hub_root: Path, tmp_path: Path
+) -> None:
+    options = ash.StreamOptions(cache_dir=tmp_path / "cache", max_concurrency=2)
+    counts: dict[str, int] = {}
+    with HubServer(hub_root) as server:
+        ep = server.endpoint
+
+        async def rows(name: str, source: str, **kw: Any) -> None:
+            async with ash.stream(source, endpoint=ep, options=options, **kw) as s:
+                counts[name] = sum([1 async for _ in s])
+
+        async def frames(name: str) -> None:
+            url = f"{ep}/datasets/org/clips/resolve/main/clip.mp4"
+            async with video.open(url) as reader:
+                counts[name] = len((await reader.frames_at([0.0, 0.5])).pts)
+
+        async def items(name: str) -> None:
+            s = lerobot.stream("hf://datasets/org/robot", endpoint=ep, options=options)
+            async with s:
+                counts[name] = sum([1 async for _ in s])
+
+        async with use_client() as client:  # the loop's client, as every stream gets it
+            async with anyio.create_task_group() as tg:
+                for i in range(3):
+                    tg.start_soon(rows, f"parquet{i}", "hf://datasets/org/text")
+                for i in range(3):
+                    tg.start_soon(rows, f"tar{i}", "hf://datasets/org/tars")
+                tg.start_soon(frames, "video")
+                tg.start_soon(items, "lerobot")
+            stats = client.statistics()
+        served = server.stats()
+    assert counts == {
+        **{f"parquet{i}": 200 for i in range(3)},
+        **{f"tar{i}": 40 for i in range(3)},
+        "video": 2,
+        "lerobot": 20,
+    }
+    assert stats.max_users == 9  # this test's own use, and the eight
+    assert stats.requests == served.requests  # every request went through the one client
+    assert served.connections <= stats.max_connections  # and one pool bounds them all
+    assert client.closed  # closed by its last user
