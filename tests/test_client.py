@@ -51,9 +51,7 @@ class _Recorder:
             self.refused.set()
             return httpx2.Response(429, headers={"Retry-After": "30"})
         if kind == "resolve":
-            return httpx2.Response(
-                206, content=b"data", headers={"Content-Range": "bytes 0-3/4"}
-            )
+            return httpx2.Response(206, content=b"data", headers={"Content-Range": "bytes 0-3/4"})
         return httpx2.Response(404, json={"error": "not in this fake"})
 
 
@@ -138,9 +136,7 @@ def hub_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
-async def test_eight_streams_of_four_kinds_share_one_client(
-    hub_root: Path, tmp_path: Path
-) -> None:
+async def test_eight_streams_of_four_kinds_share_one_client(hub_root: Path, tmp_path: Path) -> None:
     options = ash.StreamOptions(cache_dir=tmp_path / "cache", max_concurrency=2)
     counts: dict[str, int] = {}
     with HubServer(hub_root) as server:
