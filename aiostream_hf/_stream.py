@@ -11,35 +11,36 @@ batching -> the consumer.
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import os
 import random
-import time
 from collections import deque
 from collections.abc import AsyncGenerator, AsyncIterator, Iterator, Mapping, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, replace
 from functools import partial
-from types import TracebackType
 from typing import Any, Literal
 
 import anyio
 import anyio.to_thread
 import pyarrow as pa
 import pyarrow.compute as pc
-from anyio.abc import TaskGroup, TaskStatus
-from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
-from ._bridge import SyncIterator
-from ._client import HubClient, use_client
-from ._exceptions import ClosedResourceError, SourceError, UsageError
+from ._client import HubClient
+from ._engine import (
+    Engine,
+    EngineStatistics,
+    ShuffleBuffer,
+    check_state,
+    epoch_order,
+    rank_share,
+    shuffle_buffer_size,
+)
+from ._exceptions import SourceError
 from ._fetcher import RangeFetcher
 from ._models import FileRef, Manifest
 from ._options import StreamOptions
 from ._prefetch import Job, Prefetcher
-from ._ranks import rank_and_world
 from ._readahead import Emit, Lane, LaneReadahead
-from ._resolver import Resolver
 from ._sources import parse_sources
 from .formats import (
     ByteSource,
@@ -55,24 +56,19 @@ from .formats import (
 __all__ = ["Stream", "StreamStatistics", "stream"]
 
 Output = Literal["python", "arrow"]
-_CHANNEL_UNITS = 1  # loaded units between the producer and the consumer, past the readahead
 _PLAN_COST = 64 * 1024  # bytes a file's plan (its footer or index read) holds
 _STATE_VERSION = 1
 
 
-@dataclass(frozen=True)
-class StreamStatistics:
-    """What a stream did so far: requests, bytes, retries, samples, time to first sample."""
+@dataclass(frozen=True, kw_only=True)
+class StreamStatistics(EngineStatistics):
+    """What a stream did so far: samples, files, units, time to first sample, and the
+    requests, bytes and retries of its reading (``EngineStatistics``)."""
 
     samples: int
     files: int
     units: int
     time_to_first_sample: float | None
-    fetcher: Mapping[str, Any] = field(default_factory=dict)
-    resolver: Mapping[str, Any] = field(default_factory=dict)
-    client: Mapping[str, Any] = field(default_factory=dict)
-    max_prefetched: int = 0
-    max_prefetched_bytes: int = 0
 
 
 def stream(
@@ -133,8 +129,14 @@ def stream(
     )
 
 
-class Stream:
-    """One lazy stream: async-iterable, closable, observable. See :func:`stream`."""
+class Stream(Engine["tuple[_Tag, Any]"]):
+    """One lazy stream: async-iterable, closable, observable. See :func:`stream`.
+
+    The engine (``_engine.Engine``) gives its life and iteration; this class plans
+    files into units, loads them, and shapes them into rows or batches."""
+
+    _kind = "Stream"
+    _again = "call stream(...) again"
 
     def __init__(
         self,
@@ -161,12 +163,7 @@ class Stream:
             raise SourceError(f"output={output!r}: use 'python' (dict rows) or 'arrow'")
         if batch_size is not None and (not isinstance(batch_size, int) or batch_size < 1):
             raise SourceError(f"batch_size={batch_size!r}: must be a positive int or None")
-        if isinstance(shuffle, bool) or shuffle is None:
-            buffer = 1000 if shuffle else 0
-        elif isinstance(shuffle, int) and shuffle >= 1:
-            buffer = shuffle
-        else:
-            raise SourceError(f"shuffle={shuffle!r}: use True, False, or a buffer size >= 1")
+        buffer = shuffle_buffer_size(shuffle)
         if columns is not None and (isinstance(columns, str) or not columns):
             raise SourceError(f"columns={columns!r}: give a non-empty list of column names")
         if filter is not None and not isinstance(filter, pc.Expression):
@@ -176,6 +173,18 @@ class Stream:
             )
         if not isinstance(source, Manifest):
             parse_sources(source)  # bad sources fail here, before any I/O
+        if endpoint is None and isinstance(source, Manifest):
+            endpoint = source.endpoint
+        super().__init__(
+            shuffle_buffer=buffer,
+            seed=seed,
+            rank=rank,
+            world_size=world_size,
+            options=options,
+            token=token,
+            endpoint=endpoint,
+            client=client,
+        )
         self._source = source
         self._split = split
         self._config = config
@@ -184,115 +193,19 @@ class Stream:
         self._request = ReadRequest(tuple(columns) if columns else None, filter)
         self._batch_size = batch_size
         self._output: Output = output
-        self._shuffle_buffer = buffer
-        self._seed = seed
-        self._rank, self._world_size = rank_and_world(rank, world_size)
-        self._options = options or StreamOptions()
-        self._token = token
-        if endpoint is None and isinstance(source, Manifest):
-            endpoint = source.endpoint
-        self._endpoint = endpoint
-        self._client = client
-        self._hub: HubClient | None = None
-        self._epoch = 0
-        self._closed = False
-        self._tg: TaskGroup | None = None
-        self._iterations: list[_Iteration] = []
-        self._sync_iterators: list[SyncIterator[Any]] = []
-        self._fetcher: RangeFetcher | None = None
-        self._resolver: Resolver | None = None
-        self._prefetch: Prefetcher[Any] | LaneReadahead[Any] | None = None
         self._manifest: Manifest | None = None
         self._samples = 0
         self._files = 0
         self._units = 0
-        self._first_sample: float | None = None
         self._resume: dict[str, Any] | None = None
         self._cursor: dict[str, Any] | None = None
         self._files_order: list[FileRef] | None = None
-        self._buffer: list[Any] = []
-        self._rng: random.Random | None = None
+        self._shuffle: ShuffleBuffer[Any] | None = None
         self._pending: deque[list[Any]] = deque()  # [tag, table, rows taken] for batches
         self._held = 0  # rows in _pending not yet taken
         self._end: dict[str, Any] | None = None
-        self._started = 0.0
 
-    # -- lifecycle -----------------------------------------------------------
-
-    async def __aenter__(self) -> Stream:
-        """Open the scope the stream's background tasks live in (``async with``)."""
-        if self._closed:
-            raise ClosedResourceError("this Stream is closed: call stream(...) again")
-        if self._tg is not None:
-            raise UsageError("this Stream is already open: enter `async with` once")
-        tg = anyio.create_task_group()
-        await tg.__aenter__()
-        self._tg = tg
-        return self
-
-    async def __aexit__(
-        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
-    ) -> bool | None:
-        await self.aclose()
-        tg, self._tg = self._tg, None
-        if tg is None:
-            return None
-        tg.cancel_scope.cancel()
-        # The background tasks raise nothing (their errors reach the consumer through
-        # the channel), so the user's own error leaves as it is, not in an ExceptionGroup.
-        if e is None or isinstance(e, anyio.get_cancelled_exc_class()):
-            return await tg.__aexit__(et, e, tb)
-        await tg.__aexit__(None, None, None)
-        return None
-
-    async def aclose(self) -> None:
-        """Stop every iteration of this stream; ``async with`` then waits for its tasks."""
-        self._closed = True
-        iterations, self._iterations = self._iterations, []
-        for it in iterations:
-            it.close()
-
-    def __aiter__(self) -> AsyncIterator[Any]:
-        if self._closed:
-            raise ClosedResourceError("this Stream is closed: call stream(...) again")
-        if self._tg is None:
-            raise UsageError(
-                "a Stream is iterated inside `async with`, which owns its background tasks: "
-                "write `async with ash.stream(...) as s: async for sample in s: ...` "
-                "(or iterate it synchronously with `for sample in s`)"
-            )
-        for it in self._iterations:  # one iteration at a time: the cursor is the stream's
-            it.close()
-        it = _Iteration(self, self._tg)
-        self._iterations = [it]
-        return it
-
-    def __iter__(self) -> Iterator[Any]:
-        """Sync iteration: the pipeline runs on the process's bridge thread."""
-        if self._closed:
-            raise ClosedResourceError("this Stream is closed: call stream(...) again")
-        return self._iterate_sync()
-
-    def close(self) -> None:
-        """Sync ``aclose()``: stop every sync iteration of this stream."""
-        self._closed = True
-        iterators, self._sync_iterators = self._sync_iterators, []
-        for it in iterators:
-            it.close()
-
-    def __enter__(self) -> Stream:
-        if self._closed:
-            raise ClosedResourceError("this Stream is closed: call stream(...) again")
-        return self
-
-    def __exit__(
-        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.close()
-
-    def set_epoch(self, epoch: int) -> None:
-        """Shuffle orders depend on (seed, epoch): call before each epoch's iteration."""
-        self._epoch = epoch
+    # -- lifecycle: the engine's ------------------------------------------------
 
     @property
     def manifest(self) -> Manifest | None:
@@ -300,17 +213,12 @@ class Stream:
         return self._manifest
 
     def statistics(self) -> StreamStatistics:
-        prefetch = self._prefetch.statistics() if self._prefetch is not None else None
         return StreamStatistics(
             samples=self._samples,
             files=self._files,
             units=self._units,
             time_to_first_sample=self._first_sample,
-            fetcher=asdict(self._fetcher.statistics()) if self._fetcher is not None else {},
-            resolver=asdict(self._resolver.statistics()) if self._resolver is not None else {},
-            client=asdict(self._hub.statistics()) if self._hub is not None else {},
-            max_prefetched=prefetch.max_held if prefetch else 0,
-            max_prefetched_bytes=prefetch.max_held_bytes if prefetch else 0,
+            **self._engine_statistics(),
         )
 
     # -- resume --------------------------------------------------------------
@@ -334,67 +242,37 @@ class Stream:
             "world_size": self._world_size,
             "files": len(self._files_order) if self._files_order is not None else None,
             "cursor": dict(self._cursor) if self._cursor is not None else None,
-            "buffer": list(self._buffer),
-            "rng": self._rng.getstate() if self._rng is not None else None,
+            "buffer": self._shuffle.state()[0] if self._shuffle is not None else [],
+            "rng": self._shuffle.state()[1] if self._shuffle is not None else None,
             "samples": self._samples,
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Continue, on the next iteration, exactly where ``state`` was taken."""
-        if state.get("version") != _STATE_VERSION:
-            raise SourceError(
-                f"state version {state.get('version')!r} is not {_STATE_VERSION}: "
-                "it was saved by another version of aiostream-hf"
-            )
-        for key, mine in (
-            ("seed", self._seed),
-            ("rank", self._rank),
-            ("world_size", self._world_size),
-        ):
-            if state[key] != mine:
-                raise SourceError(
-                    f"state was saved with {key}={state[key]!r} but this stream has "
-                    f"{key}={mine!r}: resume with the same arguments"
-                )
+        check_state(
+            state,
+            version=_STATE_VERSION,
+            kind=None,
+            same={"seed": self._seed, "rank": self._rank, "world_size": self._world_size},
+        )
         self._epoch = int(state["epoch"])
         self._resume = dict(state)
         self._samples = int(state.get("samples", 0))
 
     # -- the pipeline --------------------------------------------------------
 
-    def _order(self, files: Sequence[FileRef]) -> list[FileRef]:
-        order = list(files)
-        if self._shuffle_buffer:
-            random.Random(f"{self._seed}:{self._epoch}:files").shuffle(order)
-        return order
+    def _begin(self) -> None:
+        """A loaded state is taken up by the producer, which holds the cursor from then."""
+        return None
 
-    def _iterate_sync(self) -> Iterator[Any]:
-        """Sync iteration: units cross the bridge, samples are shaped on the consumer's
-        thread, so ``state_dict()`` is exact at every sample the consumer has."""
-        if self._closed:
-            raise ClosedResourceError("this Stream is closed: call stream(...) again")
-        self._started = time.monotonic()
-        it: SyncIterator[tuple[_Tag, Any]] = SyncIterator(self._loaded_units, buffer=2)
-        self._sync_iterators.append(it)
-        try:
-            for tag, payload in it:
-                yield from self._shape_unit(tag, payload)
-            yield from self._shape_end()
-        finally:
-            it.close()
-            if it in self._sync_iterators:
-                self._sync_iterators.remove(it)
-
-    async def _loaded_units(self) -> AsyncGenerator[tuple[_Tag, Any], None]:
+    async def _loaded_units(self, begun: None) -> AsyncGenerator[tuple[_Tag, Any], None]:
         """Resolve, plan, fetch and decode: loaded units in order, read ahead."""
         opts = self._options
         resume = self._resume  # taken up (set to None) once the cursor holds it
-        async with (
-            use_client(self._client) as hub,
-            Resolver(options=opts, client=hub) as resolver,
-            RangeFetcher(opts, token=self._token, endpoint=self._endpoint, client=hub) as fetcher,
-        ):
-            self._resolver, self._fetcher, self._hub = resolver, fetcher, hub
+        async with self._reading(
+            opts, token=self._token, endpoint=self._endpoint, client=self._client
+        ) as readers:
+            resolver, fetcher = readers.resolver, readers.fetcher
             if isinstance(self._source, Manifest):
                 manifest = self._source  # resolved elsewhere (e.g. in a DataLoader's parent)
             else:
@@ -407,12 +285,17 @@ class Stream:
                     endpoint=self._endpoint,
                 )
             self._manifest = manifest
-            files = self._order(manifest.files)
+            files = epoch_order(
+                manifest.files,
+                seed=self._seed,
+                epoch=self._epoch,
+                shuffle=bool(self._shuffle_buffer),
+                what="files",
+            )
             # Whole files per rank when there are enough; else every rank plans
             # every file and keeps every world_size-th unit.
-            by_file = len(files) >= self._world_size
-            if by_file:
-                files = files[self._rank :: self._world_size]
+            files, split_units = rank_share(files, self._rank, self._world_size)
+            by_file = not split_units
             self._files_order = files
             cursor = resume.get("cursor") if resume else None
             if resume is not None and resume.get("files") not in (None, len(files)):
@@ -420,14 +303,14 @@ class Stream:
                     f"state was saved over {resume['files']} files but the source now has "
                     f"{len(files)} for this rank: the dataset changed; start a new epoch"
                 )
-            self._rng = random.Random(f"{self._seed}:{self._epoch}:samples")
-            self._buffer = []
+            self._shuffle = None
+            if self._shuffle_buffer:
+                seed = f"{self._seed}:{self._epoch}:samples"
+                self._shuffle = ShuffleBuffer(self._shuffle_buffer, seed)
             self._pending = deque()
             self._end = None
-            if resume is not None:
-                if resume.get("rng") is not None:
-                    self._rng.setstate(_as_rng_state(resume["rng"]))
-                self._buffer = list(resume.get("buffer") or [])
+            if resume is not None and self._shuffle is not None:
+                self._shuffle.restore(resume.get("buffer") or [], resume.get("rng"))
             first_file = cursor["file"] if cursor else 0
             self._cursor = dict(cursor) if cursor else None
             self._resume = None
@@ -480,15 +363,12 @@ class Stream:
             sizes = _UnitSizes()
             plan_ahead = Prefetcher(plan_jobs(), max_count=opts.prefetch_count, max_bytes=1 << 62)
             async with plan_ahead:
-                loaded = Prefetcher(
-                    unit_jobs(plan_ahead),
-                    max_count=opts.prefetch_count,
-                    max_bytes=opts.prefetch_bytes,
-                )
-                self._prefetch = loaded
-                async with loaded:
+                loaded = self._read_ahead(unit_jobs(plan_ahead), opts)
+                try:
                     async for item in loaded:
                         yield item
+                finally:
+                    await loaded.aclose()  # on this task, which holds its scopes
             self._end = {"file": len(files), "unit": 0, "row": 0, "done": True, "file_seq": 0}
 
     # -- sequential formats: one long read per file, chunks through a readahead -----------
@@ -610,14 +490,10 @@ class Stream:
             self._cursor["offset"] = at if chunk.by_offset else None
             self._cursor["skip"] = 0 if chunk.by_offset else at
 
-    def _emit(self, out: Any) -> Any:
-        if self._first_sample is None:
-            self._first_sample = time.monotonic() - self._started
-        return out
-
-    def _shape_unit(self, tag: _Tag, payload: Any) -> Iterator[Any]:
+    def _shape_unit(self, loaded: tuple[_Tag, Any]) -> Iterator[Any]:
         """The samples (rows, batches) of one loaded unit; the cursor moves as each
         sample is taken, so it always describes what the consumer has."""
+        tag, payload = loaded
         self._units += 1
         if self._batch_size is not None:
             self._pending.append([tag, payload, 0])
@@ -637,19 +513,17 @@ class Stream:
                 self._samples += batch.num_rows
                 yield self._emit(batch)
             return
-        buffer, rng, size = self._buffer, self._rng, self._shuffle_buffer
-        assert rng is not None
+        shuffle = self._shuffle
         last = len(payload) - 1
         if last < 0:
             self._advance(tag, 0, True)
         for i, row in enumerate(_rows(payload)):
             self._advance(tag, i + 1, i == last)
-            if size:
-                if len(buffer) < size:
-                    buffer.append(row)
+            if shuffle is not None:
+                out = shuffle.push(row)
+                if out is None:
                     continue
-                j = rng.randrange(len(buffer))
-                row, buffer[j] = buffer[j], row
+                row = out
             self._samples += 1
             yield self._emit(row)
 
@@ -658,15 +532,11 @@ class Stream:
         if self._held:
             held, self._held = self._held, 0
             yield self._emit(self._take(self._pending, held))
-        if self._buffer:
-            rng, buffer = self._rng, self._buffer
-            assert rng is not None
-            while buffer:
-                # One draw per sample, so a state taken mid-drain resumes the same order.
-                j = rng.randrange(len(buffer))
-                buffer[j], buffer[-1] = buffer[-1], buffer[j]
+        if self._shuffle is not None:
+            # One draw per sample, so a state taken mid-drain resumes the same order.
+            for row in self._shuffle.drain():
                 self._samples += 1
-                yield self._emit(buffer.pop())
+                yield self._emit(row)
         if self._end is not None:
             self._cursor = self._end
 
@@ -690,107 +560,6 @@ class Stream:
         if self._output == "arrow":
             return batch.combine_chunks().to_batches()[0]
         return batch.to_pydict()
-
-
-class _Failure:
-    """An error of the producer, handed to the consumer through the channel."""
-
-    __slots__ = ("error",)
-
-    def __init__(self, error: Exception) -> None:
-        self.error = error
-
-
-class _Iteration:
-    """One ``async for`` over a stream: a producer task in the stream's task group loads
-    units into a bounded channel; ``__anext__`` shapes them into samples on the
-    consumer's task. Nothing is held across the consumer's code but the channel: no
-    cancel scope, task group or lock, so leaving the loop (``break``, an error in its
-    body, a cancellation) at any point is clean; the stream's ``async with`` exit stops
-    the producer and waits for its cleanup."""
-
-    def __init__(self, stream: Stream, tg: TaskGroup) -> None:
-        self._stream = stream
-        self._tg = tg
-        self._send: MemoryObjectSendStream[Any]
-        self._receive: MemoryObjectReceiveStream[Any]
-        self._send, self._receive = anyio.create_memory_object_stream[Any](_CHANNEL_UNITS)
-        self._scope: anyio.CancelScope | None = None
-        self._started = False
-        self._closed = False
-        self._samples: Iterator[Any] | None = None
-        self._ended = False
-
-    def __aiter__(self) -> _Iteration:
-        return self
-
-    async def __anext__(self) -> Any:
-        stream = self._stream
-        while True:
-            if self._samples is not None:
-                for sample in self._samples:
-                    return sample
-                self._samples = None
-            if self._ended or self._closed:
-                raise StopAsyncIteration
-            if not self._started:
-                self._started = True
-                stream._started = time.monotonic()
-                self._scope = await self._tg.start(self._produce)
-            try:
-                item = await self._receive.receive()
-            except anyio.EndOfStream:
-                self._ended = True
-                self._samples = stream._shape_end()
-                continue
-            except anyio.ClosedResourceError:
-                raise StopAsyncIteration from None
-            if isinstance(item, _Failure):
-                self.close()
-                raise item.error
-            tag, payload = item
-            self._samples = stream._shape_unit(tag, payload)
-
-    async def _produce(self, *, task_status: TaskStatus[anyio.CancelScope]) -> None:
-        with anyio.CancelScope() as scope:
-            task_status.started(scope)
-            async with self._send as send:
-                units = self._stream._loaded_units()
-                try:
-                    try:
-                        async for item in units:
-                            await send.send(item)
-                    finally:
-                        await units.aclose()  # on this task, which holds its scopes
-                except (anyio.BrokenResourceError, anyio.ClosedResourceError):
-                    return  # the consumer is gone
-                except Exception as exc:  # raised in the consumer, in order
-                    with contextlib.suppress(anyio.BrokenResourceError):
-                        await send.send(_Failure(exc))
-
-    def close(self) -> None:
-        """Stop this iteration: its producer is cancelled, its channel closed."""
-        if self._closed:
-            return
-        self._closed = True
-        self._samples = None
-        if self._scope is not None:
-            self._scope.cancel()
-        self._receive.close()
-        if not self._started:
-            self._send.close()
-
-    async def aclose(self) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        # Left without close() (``break`` out of the loop): the producer's next send
-        # finds the channel closed and ends; the stream's exit waits for it.
-        if not self._closed:
-            self._closed = True
-            self._receive.close()
-            if not self._started:
-                self._send.close()
 
 
 class _UnitSizes:
@@ -844,12 +613,6 @@ def _sequential(decoders: Any) -> SequentialDecoder[Any] | None:
             f"the source mixes formats {', '.join(names)}: stream each format separately"
         )
     return sequential[0]
-
-
-def _as_rng_state(state: Any) -> tuple[Any, ...]:
-    """random.Random state, also after a JSON round trip (lists instead of tuples)."""
-    version, internal, gauss = state
-    return (version, tuple(internal), gauss)
 
 
 _ROWS_PER_CONVERSION = 1024

@@ -72,7 +72,6 @@ import math
 import os
 import random
 import re
-import time
 from collections import OrderedDict
 from collections.abc import (
     AsyncGenerator,
@@ -84,9 +83,8 @@ from collections.abc import (
     Mapping,
     Sequence,
 )
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
-from types import TracebackType
 from typing import Any, Literal, TypeAlias
 from urllib.parse import quote
 
@@ -97,8 +95,17 @@ import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ._bridge import SyncIterator
-from ._client import use_client
+from ._client import HubClient
+from ._engine import (
+    Engine,
+    EngineStatistics,
+    ShuffleBuffer,
+    as_rng_state,
+    check_state,
+    open_readers,
+    rank_share,
+    shuffle_buffer_size,
+)
 from ._exceptions import (
     ClosedResourceError,
     DecodeError,
@@ -108,20 +115,16 @@ from ._exceptions import (
     SourceError,
     SplitNotFoundError,
 )
-from ._fetcher import RangeFetcher
 from ._models import FileRef
 from ._options import StreamOptions
-from ._prefetch import Job, Prefetcher
-from ._ranks import rank_and_world
+from ._prefetch import Job
 from ._resolver import Resolver
 from ._sources import HubSource, has_glob, parse_sources
 from .formats import ByteSource
 from .formats.parquet import (
-    TAIL_READ_SIZE,
     decode_row_group,
-    footer_length,
-    parse_footer,
     plan_row_groups,
+    read_footer,
 )
 from .video import VideoReader, VideoStatistics
 
@@ -204,8 +207,8 @@ class LeRobotMetadata:
         return tuple(k for k, f in self.features.items() if f.get("dtype") != "video")
 
 
-@dataclass(frozen=True)
-class LeRobotStatistics:
+@dataclass(frozen=True, kw_only=True)
+class LeRobotStatistics(EngineStatistics):
     """What a LeRobot stream did so far.
 
     items / episodes / data_files: delivered items, episodes started, data files read.
@@ -213,7 +216,7 @@ class LeRobotStatistics:
         ``max_open_videos``.
     video: the summed ``VideoStatistics`` counters of every reader (index and frame
         requests and bytes, packets decoded, decoder starts and reuses).
-    fetcher / resolver: the RangeFetcher's and Resolver's statistics.
+    fetcher / resolver / client / max_prefetched...: as every stream (``EngineStatistics``).
     """
 
     items: int
@@ -223,10 +226,6 @@ class LeRobotStatistics:
     videos_evicted: int
     time_to_first_item: float | None
     video: Mapping[str, int] = field(default_factory=dict)
-    fetcher: Mapping[str, Any] = field(default_factory=dict)
-    resolver: Mapping[str, Any] = field(default_factory=dict)
-    max_prefetched: int = 0
-    max_prefetched_bytes: int = 0
 
 
 # -- the public call --------------------------------------------------------------------
@@ -249,6 +248,7 @@ def stream(
     options: StreamOptions | None = None,
     token: str | None = None,
     endpoint: str | None = None,
+    client: HubClient | None = None,
 ) -> LeRobotStream:
     """A lazy stream of the items of a LeRobot dataset; nothing is read until iteration.
 
@@ -257,6 +257,7 @@ def stream(
     ``episodes`` selects episodes by ``episode_index``; ``split`` picks the episode
     range that ``meta/info.json`` gives it (``"train": "0:50"``; None for every
     episode). ``batch_items`` items share one frame request per video file.
+    ``client``: the ``HubClient`` to read through (default: the event loop's shared one).
     See the module docstring for the items, the order and the rules.
     """
     return LeRobotStream(
@@ -275,6 +276,7 @@ def stream(
         options=options,
         token=token,
         endpoint=endpoint,
+        client=client,
     )
 
 
@@ -333,8 +335,15 @@ def _check_deltas(deltas: object) -> dict[str, tuple[float, ...]] | None:
     return checked
 
 
-class LeRobotStream:
-    """A lazy stream of LeRobot items: async-iterable, sync-iterable, closable. See ``stream``."""
+class LeRobotStream(Engine["_Batch"]):
+    """A lazy stream of LeRobot items: async-iterable, sync-iterable, closable. See ``stream``.
+
+    The engine (``_engine.Engine``) gives its life and iteration, and the order, rank
+    share, shuffle buffer and state checks every stream shares; this class plans
+    episodes into batches of items and assembles them (data rows and video frames)."""
+
+    _kind = "LeRobot stream"
+    _again = "call lerobot.stream() again"
 
     def __init__(
         self,
@@ -354,6 +363,7 @@ class LeRobotStream:
         options: StreamOptions | None,
         token: str | None,
         endpoint: str | None,
+        client: HubClient | None = None,
     ) -> None:
         if image_format not in ("uint8", "float32"):
             raise SourceError(
@@ -364,12 +374,7 @@ class LeRobotStream:
             isinstance(tolerance_s, (int, float)) and tolerance_s >= 0
         ):
             raise SourceError(f"tolerance_s={tolerance_s!r}: must be a number >= 0")
-        if isinstance(shuffle, bool) or shuffle is None:
-            buffer = _SHUFFLE_BUFFER if shuffle else 0
-        elif isinstance(shuffle, int) and shuffle >= 1:
-            buffer = shuffle
-        else:
-            raise SourceError(f"shuffle={shuffle!r}: use True, False, or a buffer size >= 1")
+        buffer = shuffle_buffer_size(shuffle, _SHUFFLE_BUFFER)
         if episodes is not None:
             if isinstance(episodes, (str, bytes)) or not isinstance(episodes, Sequence):
                 raise SourceError(f"episodes={episodes!r}: give a list of episode indices")
@@ -392,77 +397,32 @@ class LeRobotStream:
                 endpoint = repo.endpoint
         else:
             self._source = _parse_repo(repo)
+        super().__init__(
+            shuffle_buffer=buffer,
+            seed=seed,
+            rank=rank,
+            world_size=world_size,
+            options=options,
+            token=token,
+            endpoint=endpoint,
+            client=client,
+        )
         self._deltas = _check_deltas(delta_timestamps)
         self._tolerance = float(tolerance_s)
         self._episodes = None if episodes is None else tuple(dict.fromkeys(episodes))
         self._image_format: ImageFormat = image_format
         self._split = split
-        self._shuffle_buffer = buffer
-        self._seed = seed
-        self._rank, self._world_size = rank_and_world(rank, world_size)
         self._batch_items = batch_items
         self._max_open = max_open_videos
-        self._options = options or StreamOptions()
-        self._token = token
-        self._endpoint = endpoint
-        self._epoch = 0
-        self._closed = False
-        self._iterators: list[AsyncGenerator[Any, None]] = []
-        self._sync_iterators: list[SyncIterator[Any]] = []
-        self._fetcher: RangeFetcher | None = None
-        self._resolver: Resolver | None = None
-        self._prefetch: Prefetcher[Any] | None = None
         self._pool: _ReaderPool | None = None
         self._video_totals: dict[str, int] = {"opened": 0, "evicted": 0}
         self._items = self._episodes_started = self._data_files = 0
-        self._first_item: float | None = None
-        self._started = 0.0
         self._resume: dict[str, Any] | None = None  # the cursor to start the next iteration at
         self._loaded: dict[str, Any] | None = None  # a loaded state, until an item is delivered
         self._position: tuple[_Checkpoint, int] | None = None  # (checkpoint, items after it)
         self._fingerprint: dict[str, Any] | None = None
 
-    # -- lifecycle ---------------------------------------------------------------------
-
-    async def __aenter__(self) -> LeRobotStream:
-        self._check_open()
-        return self
-
-    async def __aexit__(
-        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        await self.aclose()
-
-    async def aclose(self) -> None:
-        """Stop every iteration of this stream and close its video readers and connections."""
-        self._closed = True
-        iterators, self._iterators = self._iterators, []
-        for it in iterators:
-            await it.aclose()
-
-    def close(self) -> None:
-        """Sync ``aclose()``: stop every sync iteration of this stream."""
-        self._closed = True
-        iterators, self._sync_iterators = self._sync_iterators, []
-        for it in iterators:
-            it.close()
-
-    def __enter__(self) -> LeRobotStream:
-        self._check_open()
-        return self
-
-    def __exit__(
-        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.close()
-
-    def _check_open(self) -> None:
-        if self._closed:
-            raise ClosedResourceError("this LeRobot stream is closed: call lerobot.stream() again")
-
-    def set_epoch(self, epoch: int) -> None:
-        """The shuffle order depends on (seed, epoch): call before each epoch's iteration."""
-        self._epoch = epoch
+    # -- lifecycle: the engine's --------------------------------------------------------
 
     @property
     def metadata(self) -> LeRobotMetadata | None:
@@ -473,15 +433,11 @@ class LeRobotStream:
         """Read (once) and return the dataset's metadata."""
         self._check_open()
         if self._meta is None:
-            async with (
-                use_client() as hub,
-                Resolver(options=self._options, client=hub) as resolver,
-                RangeFetcher(
-                    self._options, token=self._token, endpoint=self._endpoint, client=hub
-                ) as fetcher,
-            ):
-                root = await self._root(resolver)
-                self._meta = await _load_metadata(root, fetcher)
+            async with open_readers(
+                self._options, token=self._token, endpoint=self._endpoint, client=self._client
+            ) as readers:
+                root = await self._root(readers.resolver)
+                self._meta = await _load_metadata(root, readers.fetcher)
         return self._meta
 
     def statistics(self) -> LeRobotStatistics:
@@ -490,19 +446,15 @@ class LeRobotStream:
             _merge_counts(totals, self._pool.counts())
         opened, evicted = totals.pop("opened"), totals.pop("evicted")
         video = totals
-        prefetch = self._prefetch.statistics() if self._prefetch is not None else None
         return LeRobotStatistics(
             items=self._items,
             episodes=self._episodes_started,
             data_files=self._data_files,
             videos_opened=opened,
             videos_evicted=evicted,
-            time_to_first_item=self._first_item,
+            time_to_first_item=self._first_sample,
             video=video,
-            fetcher=asdict(self._fetcher.statistics()) if self._fetcher is not None else {},
-            resolver=asdict(self._resolver.statistics()) if self._resolver is not None else {},
-            max_prefetched=prefetch.max_held if prefetch else 0,
-            max_prefetched_bytes=prefetch.max_held_bytes if prefetch else 0,
+            **self._engine_statistics(),
         )
 
     # -- resume ------------------------------------------------------------------------
@@ -547,27 +499,17 @@ class LeRobotStream:
         refused with ``SourceError`` (the dataset is checked here when the metadata is
         loaded already, else when the iteration has read it).
         """
-        if state.get("version") != _STATE_VERSION:
-            raise SourceError(
-                f"state version {state.get('version')!r} is not {_STATE_VERSION}: "
-                "it was saved by another version of aiostream-hf"
-            )
-        if state.get("kind") != "lerobot":
-            raise SourceError(
-                "state is not a LeRobot stream's (its 'kind' is "
-                f"{state.get('kind')!r}): load it into the kind of stream that saved it"
-            )
-        for key, mine in (
-            ("seed", self._seed),
-            ("rank", self._rank),
-            ("world_size", self._world_size),
-            ("shuffle", self._shuffle_buffer),
-        ):
-            if state.get(key) != mine:
-                raise SourceError(
-                    f"state was saved with {key}={state.get(key)!r} but this stream has "
-                    f"{key}={mine!r}: resume with the same arguments"
-                )
+        check_state(
+            state,
+            version=_STATE_VERSION,
+            kind="lerobot",
+            same={
+                "seed": self._seed,
+                "rank": self._rank,
+                "world_size": self._world_size,
+                "shuffle": self._shuffle_buffer,
+            },
+        )
         if self._meta is not None and state.get("dataset") is not None:
             _check_dataset(_fingerprint(self._build_plan()), state["dataset"])
         self._epoch = int(state["epoch"])
@@ -589,61 +531,24 @@ class LeRobotStream:
 
     # -- iteration ---------------------------------------------------------------------
 
-    def __aiter__(self) -> AsyncIterator[dict[str, Any]]:
-        self._check_open()
-        it = self._iterate()
-        self._iterators.append(it)
-        return it
-
-    def __iter__(self) -> Iterator[dict[str, Any]]:
-        """Sync iteration: the pipeline runs on the process's bridge thread."""
-        self._check_open()
-        return self._iterate_sync()
-
     def _begin(self) -> dict[str, Any] | None:
         """An iteration starts (on the consumer's side): the state it resumes from, if any."""
-        self._started = time.monotonic()
         resume, self._resume = self._resume, None
         self._position = None
         if resume is None:
             self._loaded = None
         return resume
 
-    async def _iterate(self) -> AsyncGenerator[dict[str, Any], None]:
-        batches = self._batches(self._begin())
-        try:
-            async for batch in batches:
-                for item in self._deliver(batch):
-                    yield item
-        finally:
-            await batches.aclose()  # on this task: it holds the task groups' cancel scopes
-
-    def _iterate_sync(self) -> Iterator[dict[str, Any]]:
-        """Batches cross the bridge; items are handed out on the consumer's thread, so
-        ``state_dict()`` is exact at every item the consumer has."""
-        resume = self._begin()
-        it: SyncIterator[_Batch] = SyncIterator(functools.partial(self._batches, resume), buffer=2)
-        self._sync_iterators.append(it)
-        try:
-            for batch in it:
-                yield from self._deliver(batch)
-        finally:
-            it.close()
-            if it in self._sync_iterators:
-                self._sync_iterators.remove(it)
-
-    def _deliver(self, batch: _Batch) -> Iterator[dict[str, Any]]:
+    def _shape_unit(self, batch: _Batch) -> Iterator[dict[str, Any]]:
         """The items of a batch; the position moves as each one is taken."""
         last = len(batch.items) - 1
         for i, item in enumerate(batch.items):
             self._position = (batch.end, 0) if i == last else (batch.start, batch.first + i + 1)
             yield self._emit(item)
 
-    def _emit(self, item: dict[str, Any]) -> dict[str, Any]:
+    def _emit(self, item: Any) -> Any:
         self._items += 1
-        if self._first_item is None:
-            self._first_item = time.monotonic() - self._started
-        return item
+        return super()._emit(item)
 
     async def _root(self, resolver: Resolver) -> _Root:
         assert self._source is not None  # no metadata given: the stream has a source
@@ -651,15 +556,13 @@ class LeRobotStream:
             return await anyio.to_thread.run_sync(_local_root, self._source)
         return await _hub_root(self._source, resolver, self._token, self._endpoint)
 
-    async def _batches(self, resume: Mapping[str, Any] | None) -> AsyncGenerator[_Batch, None]:
+    async def _loaded_units(self, resume: Mapping[str, Any] | None) -> AsyncGenerator[_Batch, None]:
         """Items in batches: metadata, then data files and frames, read ahead."""
         opts = self._options
-        async with (
-            use_client() as hub,
-            Resolver(options=opts, client=hub) as resolver,
-            RangeFetcher(opts, token=self._token, endpoint=self._endpoint, client=hub) as fetcher,
-        ):
-            self._resolver, self._fetcher = resolver, fetcher
+        async with self._reading(
+            opts, token=self._token, endpoint=self._endpoint, client=self._client
+        ) as readers:
+            resolver, fetcher = readers.resolver, readers.fetcher
             if self._meta is None:
                 self._meta = await _load_metadata(await self._root(resolver), fetcher)
             plan = self._build_plan()
@@ -670,15 +573,12 @@ class LeRobotStream:
             cursor = resume.get("cursor") if resume is not None else None
             pool = self._pool = _ReaderPool(fetcher, self._max_open)
             try:
-                ahead: Prefetcher[_Batch] = Prefetcher(
-                    self._jobs(plan, fetcher, pool, cursor),
-                    max_count=opts.prefetch_count,
-                    max_bytes=opts.prefetch_bytes,
-                )
-                self._prefetch = ahead
-                async with ahead:
+                ahead = self._read_ahead(self._jobs(plan, fetcher, pool, cursor), opts)
+                try:
                     async for batch in ahead:
                         yield batch
+                finally:
+                    await ahead.aclose()  # on this task, which holds its scopes
             finally:
                 with anyio.CancelScope(shield=True):
                     await pool.aclose()
@@ -688,9 +588,7 @@ class LeRobotStream:
 
     def _order(self, plan: _Plan) -> list[list[EpisodeInfo]]:
         """This rank's episodes grouped by data file, in reading order."""
-        chosen = list(plan.episodes)
-        if len(chosen) >= self._world_size:
-            chosen = chosen[self._rank :: self._world_size]
+        chosen, _ = rank_share(plan.episodes, self._rank, self._world_size)
         groups: dict[str, list[EpisodeInfo]] = {}
         for episode in chosen:
             groups.setdefault(episode.data_file.url, []).append(episode)
@@ -725,17 +623,17 @@ class LeRobotStream:
         any of their frames is fetched.
         """
         order = self._order(plan)
-        split_items = len(plan.episodes) < self._world_size
-        size = self._shuffle_buffer
-        # The buffer's draws differ per rank; its state is saved with every checkpoint.
-        rng = random.Random(f"{self._seed}:{self._epoch}:buffer:{self._rank}")
-        buffer: list[_Row] = []
+        _, split_items = rank_share(plan.episodes, self._rank, self._world_size)
+        # The buffer holds row numbers, not pictures; its draws differ per rank; its
+        # state is saved with every checkpoint.
+        shuffle: ShuffleBuffer[_Row] | None = None
+        if self._shuffle_buffer:
+            seed = f"{self._seed}:{self._epoch}:buffer:{self._rank}"
+            shuffle = ShuffleBuffer(self._shuffle_buffer, seed)
         g0 = e0 = f0 = seq = skip = 0
         preloaded: dict[int, _EpisodeRows] = {}
         if cursor is not None:
             g0, e0, f0, seq, skip, pending, rng_state = _parse_cursor(cursor, order)
-            if rng_state is not None:
-                rng.setstate(rng_state)
             by_index = {e.index: e for e in plan.episodes}
             wanted = {e: by_index[e] for e, _ in pending if e in by_index}
             if len(wanted) < len({e for e, _ in pending}):
@@ -747,10 +645,14 @@ class LeRobotStream:
                 wanted.update((e.index, e) for e in order[g0][e0:])
             preloaded, files = await _load_rows(fetcher, plan, wanted.values())
             self._data_files += files
-            buffer = [_Row(preloaded[e], pos) for e, pos in pending]
+            if shuffle is not None:
+                shuffle.restore([_Row(preloaded[e], pos) for e, pos in pending], rng_state)
 
         def checkpoint(g: int, e: int, f: int) -> _Checkpoint:
-            return _Checkpoint(g, e, f, seq, tuple(buffer), rng.getstate() if size else None)
+            if shuffle is None:
+                return _Checkpoint(g, e, f, seq)
+            held, rng_state = shuffle.state()
+            return _Checkpoint(g, e, f, seq, tuple(held), rng_state)
 
         start = checkpoint(g0, e0, f0)
         batch: list[_Row] = []
@@ -788,22 +690,19 @@ class LeRobotStream:
                     if split_items and (seq - 1) % self._world_size != self._rank:
                         continue
                     row = _Row(data, positions[f])
-                    if size:
-                        if len(buffer) < size:
-                            buffer.append(row)
+                    if shuffle is not None:
+                        out = shuffle.push(row)
+                        if out is None:
                             continue
-                        j = rng.randrange(len(buffer))
-                        row, buffer[j] = buffer[j], row
+                        row = out
                     batch.append(row)
                     if len(batch) == self._batch_items:
                         job = cut(checkpoint(*_following(order, g, e, f)))
                         if job is not None:
                             yield job
         # The buffer drains with one draw per item, so a checkpoint mid-drain resumes it.
-        while buffer:
-            j = rng.randrange(len(buffer))
-            buffer[j], buffer[-1] = buffer[-1], buffer[j]
-            batch.append(buffer.pop())
+        for row in shuffle.drain() if shuffle is not None else ():
+            batch.append(row)
             if len(batch) == self._batch_items:
                 job = cut(checkpoint(len(order), 0, 0))
                 if job is not None:
@@ -873,7 +772,7 @@ def _parse_cursor(
         g, e, f, seq, skip = (int(cursor[k]) for k in ("group", "episode", "frame", "seq", "skip"))
         pending = [(int(ep), int(pos)) for ep, pos in cursor.get("buffer") or ()]
         saved_rng = cursor.get("rng")
-        rng = None if saved_rng is None else _as_rng_state(saved_rng)
+        rng = None if saved_rng is None else as_rng_state(saved_rng)
     except (KeyError, TypeError, ValueError) as exc:
         raise SourceError(
             f"state's cursor is not a LeRobot stream's ({type(exc).__name__}: {exc}): load the "
@@ -886,12 +785,6 @@ def _parse_cursor(
             "of this stream: resume with the same dataset and arguments"
         )
     return g, e, f, seq, skip, pending, rng
-
-
-def _as_rng_state(state: Any) -> tuple[Any, ...]:
-    """random.Random state, also after a JSON round trip (lists instead of tuples)."""
-    version, internal, gauss = state
-    return (version, tuple(internal), gauss)
 
 
 def _fingerprint(plan: _Plan) -> dict[str, Any]:
@@ -1051,12 +944,7 @@ async def _read_parquet(
 ) -> pa.Table:
     """A Parquet file's selected columns (``keep(names)`` picks them), read with one tail
     read plus one request for the row groups the tail does not hold."""
-    tail, size = await source.read_tail(file, TAIL_READ_SIZE)
-    needed = footer_length(tail, size, file.path)
-    if needed > len(tail):
-        (head,) = await source.read_ranges(file, [(size - needed, size - len(tail))])
-        tail = head + tail
-    footer = parse_footer(tail, size, file.path)
+    footer, tail, size = await read_footer(source, file, file.path)
     if keep is not None:
         columns = keep(footer.schema.names)
     plans = plan_row_groups(footer, columns, filter=filter)

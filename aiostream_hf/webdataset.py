@@ -37,7 +37,8 @@ from functools import partial
 from typing import Any
 
 from . import _bridge
-from ._client import HubClient, use_client
+from ._client import HubClient
+from ._engine import open_readers
 from ._exceptions import SourceError
 from ._fetcher import RangeFetcher
 from ._models import FileRef, Manifest
@@ -212,13 +213,8 @@ class _Opener:
                 async for block in blocks:
                     yield block
             return
-        async with (
-            use_client() as hub,
-            Resolver(options=self.options, client=hub) as resolver,
-            RangeFetcher(
-                self.options, token=self.token, endpoint=self.endpoint, client=hub
-            ) as fetcher,
-        ):
+        async with open_readers(self.options, token=self.token, endpoint=self.endpoint) as r:
+            resolver, fetcher = r.resolver, r.fetcher
             file = await self._file(url, resolver)
             async with fetcher.iter_bytes(file) as blocks:
                 async for block in blocks:
@@ -478,5 +474,5 @@ async def _resolve(
     endpoint: str | None = None,
     **kwargs: Any,
 ) -> Manifest:
-    async with use_client() as hub, Resolver(options=options, client=hub) as resolver:
-        return await resolver.resolve(source, token=token, endpoint=endpoint, **kwargs)
+    async with open_readers(options, token=token, endpoint=endpoint) as r:
+        return await r.resolver.resolve(source, token=token, endpoint=endpoint, **kwargs)

@@ -1,6 +1,6 @@
 """Leaves streams every way a user can, on one anyio backend, then counts what is left.
 
-    python tests/lifecycle_script.py BACKEND ENDPOINT REPO CACHE_DIR
+    python tests/lifecycle_script.py BACKEND ENDPOINT REPO LEROBOT_REPO CACHE_DIR
 
 Run by tests/test_stream_lifecycle.py in a fresh process, so that stderr holds only
 what these exits print (it must hold nothing) and the counts are this process's own:
@@ -59,7 +59,9 @@ def tasks(backend: str) -> int:
     return len(asyncio.all_tasks())
 
 
-async def main(backend: str, endpoint: str, repo: str, cache: str) -> dict[str, Any]:
+async def main(
+    backend: str, endpoint: str, repo: str, robot_repo: str, cache: str
+) -> dict[str, Any]:
     options = ash.StreamOptions(cache_dir=cache, prefetch_count=4)
 
     def make() -> ash.Stream:
@@ -119,6 +121,31 @@ async def main(backend: str, endpoint: str, repo: str, cache: str) -> dict[str, 
         gc.collect()
         outcomes["after_gc"] = sum([1 async for _ in s])
 
+    # 7. The same for a LeRobot stream: the same engine.
+    def robot() -> Any:
+        return ash.lerobot.stream(f"hf://datasets/{robot_repo}", endpoint=endpoint, options=options)
+
+    try:
+        async for _ in robot():
+            break
+        outcomes["lerobot_bare"] = "iterated"
+    except ash.UsageError:
+        outcomes["lerobot_bare"] = "UsageError"
+    async with robot() as r:
+        async for _ in r:
+            break
+    outcomes["lerobot_break"] = r.statistics().items
+
+    async def consume_robot() -> None:
+        async with robot() as r:
+            async for _ in r:
+                break
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(anyio.sleep, 0.05)
+        tg.start_soon(consume_robot)
+    outcomes["lerobot_task_group"] = "ok"
+
     gc.collect()
     await anyio.sleep(0.1)  # let closed sockets' transports finish on asyncio
     after = {"threads": threads(), "tasks": tasks(backend), "sockets": sockets(), "fds": fds()}
@@ -126,6 +153,6 @@ async def main(backend: str, endpoint: str, repo: str, cache: str) -> dict[str, 
 
 
 if __name__ == "__main__":
-    backend, endpoint, repo, cache = sys.argv[1:5]
-    result = anyio.run(main, backend, endpoint, repo, cache, backend=backend)
+    backend, endpoint, repo, robot_repo, cache = sys.argv[1:6]
+    result = anyio.run(main, backend, endpoint, repo, robot_repo, cache, backend=backend)
     print(json.dumps(result))

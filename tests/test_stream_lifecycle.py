@@ -18,11 +18,18 @@ import anyio
 import pytest
 
 import aiostream_hf as ash
-from aiostream_hf.testing import Faults, HubServer, make_repo, make_text_parquet
+from aiostream_hf.testing import (
+    Faults,
+    HubServer,
+    make_lerobot_dataset,
+    make_repo,
+    make_text_parquet,
+)
 
 pytestmark = pytest.mark.anyio
 
 REPO = "org/lifecycle"
+ROBOT = "org/robot"
 ROWS = 600
 
 
@@ -36,6 +43,7 @@ def hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HubServer]:
         make_text_parquet(path, rows=ROWS // 3, row_group_size=50, seed=i, start_id=i * 200)
         files[f"data/train-{i:05d}-of-00003.parquet"] = path
     make_repo(root, REPO, files)
+    make_lerobot_dataset(root, ROBOT, episodes=[8, 8], width=32, height=32)
     # Its own process: the client process's threads and sockets are the stream's alone.
     with HubServer(root, faults=Faults(latency_ms=5), subprocess=True) as server:
         yield server
@@ -52,7 +60,7 @@ def test_every_exit_is_silent_and_leaves_nothing(
 ) -> None:
     script = Path(__file__).with_name("lifecycle_script.py")
     done = subprocess.run(
-        [sys.executable, str(script), backend, hub.endpoint, REPO, str(tmp_path / "c")],
+        [sys.executable, str(script), backend, hub.endpoint, REPO, ROBOT, str(tmp_path / "c")],
         capture_output=True,
         text=True,
         timeout=120,
@@ -67,6 +75,9 @@ def test_every_exit_is_silent_and_leaves_nothing(
         "body_error": "KeyError",
         "cancelled": True,
         "after_gc": ROWS,
+        "lerobot_bare": "UsageError",
+        "lerobot_break": 1,
+        "lerobot_task_group": "ok",
     }
     assert result["after"] == result["before"]
 

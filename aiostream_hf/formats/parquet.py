@@ -51,6 +51,7 @@ __all__ = [
     "parse_footer",
     "plan_row_groups",
     "prune_row_groups",
+    "read_footer",
     "tail_range",
 ]
 
@@ -543,6 +544,20 @@ class _RangeFile:
         self.closed = True
 
 
+async def read_footer(
+    source: ByteSource, file: FileRef, name: str
+) -> tuple[ParquetFooter, bytes, int]:
+    """A file's footer from one tail read (and one more read when the footer is longer):
+    (footer, the bytes read from the end of the file, the file's size). ``name`` names
+    the file in errors."""
+    tail, size = await source.read_tail(file, TAIL_READ_SIZE)
+    needed = footer_length(tail, size, name)
+    if needed > len(tail):
+        (head,) = await source.read_ranges(file, [(size - needed, size - len(tail))])
+        tail = head + tail
+    return parse_footer(tail, size, name), tail, size
+
+
 @dataclass(frozen=True)
 class ParquetUnit(Unit):
     """One row group of one file, with the footer it was planned from."""
@@ -560,12 +575,7 @@ class ParquetDecoder(Decoder[ParquetUnit]):
     async def plan(
         self, file: FileRef, source: ByteSource, request: ReadRequest
     ) -> list[ParquetUnit]:
-        tail, size = await source.read_tail(file, TAIL_READ_SIZE)
-        needed = footer_length(tail, size, file.url)
-        if needed > len(tail):
-            (head,) = await source.read_ranges(file, [(size - needed, size - len(tail))])
-            tail = head + tail
-        footer = parse_footer(tail, size, file.url)
+        footer, _, _ = await read_footer(source, file, file.url)
         plans = plan_row_groups(footer, request.columns, filter=request.filter)
         return [
             ParquetUnit(

@@ -56,14 +56,13 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import random
 import re
 import struct
 import warnings
 import zlib
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Generic, Literal, TypeVar
+from typing import Any, Literal
 
 import anyio
 import anyio.to_thread
@@ -85,18 +84,14 @@ from . import (
 __all__ = [
     "DEFAULT_MAX_MEMBER_SIZE",
     "SampleGrouper",
-    "ShuffleBuffer",
     "SkippedShardWarning",
     "TarMember",
     "TarReader",
     "WebDatasetDecoder",
     "base_plus_ext",
     "iter_samples",
-    "resampled_shards",
     "sample_decoder",
     "samples_to_table",
-    "select_shards",
-    "shard_order",
 ]
 
 DEFAULT_MAX_MEMBER_SIZE = 2 << 30
@@ -119,7 +114,6 @@ _PAX_RECORD = re.compile(rb"(\d+) ([^=]+)=")
 _BASE_PLUS_EXT = re.compile(r"^((?:.*/|)[^.]+)[.]([^/]*)$")
 _SKIP_META = re.compile(r"__[^/]*__($|/)")
 
-T = TypeVar("T")
 Sample = dict[str, Any]
 
 
@@ -688,94 +682,6 @@ def _is_utf8(text: str) -> bool:
     except UnicodeEncodeError:
         return False
     return True
-
-
-# -- planning -----------------------------------------------------------------------------
-
-
-def shard_order(urls: Sequence[T], seed: int, epoch: int, shuffle: bool) -> list[T]:
-    """The shards of one epoch: as given, or shuffled by (seed, epoch) the same on every rank."""
-    order = list(urls)
-    if shuffle:
-        random.Random(f"{seed}:{epoch}:files").shuffle(order)
-    return order
-
-
-def select_shards(
-    urls: Sequence[T], rank: int, world_size: int, worker: int = 0, num_workers: int = 1
-) -> list[T]:
-    """The shards of one (rank, worker): disjoint between them, complete together.
-
-    As webdataset's ``split_by_node`` then ``split_by_worker``: every
-    ``world_size``-th shard from ``rank``, then every ``num_workers``-th of those
-    from ``worker``. A share is empty when there are fewer shards than readers.
-    """
-    if world_size < 1 or not 0 <= rank < world_size:
-        raise SourceError(
-            f"rank={rank!r}, world_size={world_size!r}: need world_size >= 1 and "
-            "0 <= rank < world_size"
-        )
-    if num_workers < 1 or not 0 <= worker < num_workers:
-        raise SourceError(
-            f"worker={worker!r}, num_workers={num_workers!r}: need num_workers >= 1 and "
-            "0 <= worker < num_workers"
-        )
-    return list(urls[rank::world_size][worker::num_workers])
-
-
-def resampled_shards(urls: Sequence[T], seed: int, n: int, *, epoch: int = 0) -> list[T]:
-    """``n`` shards drawn with replacement, the same for the same (urls, seed, epoch).
-
-    Give each reader its own seed (for example from its rank and worker) so
-    that readers draw different shards.
-    """
-    if n < 0:
-        raise SourceError(f"n={n!r}: the number of shards to draw must be >= 0")
-    if not urls and n:
-        raise SourceError("resampled_shards: no shards to draw from")
-    rng = random.Random(f"{seed}:{epoch}:resampled")
-    return [urls[rng.randrange(len(urls))] for _ in range(n)]
-
-
-class ShuffleBuffer(Generic[T]):
-    """A bounded shuffle buffer, deterministic for a seed.
-
-    ``push(item)`` holds items until ``size`` are held, then swaps each new
-    item with a random held one and returns that; ``drain()`` returns the held
-    items in random order at the end. Every item comes out exactly once and at
-    most ``size`` are held. webdataset's ``shuffle(bufsize, initial)`` instead
-    starts emitting once ``initial`` items are held (so the first samples come
-    sooner but less shuffled) and pops a random item per arrival; this buffer
-    is the one the Parquet path uses (``Stream`` with ``shuffle=size``).
-    """
-
-    def __init__(self, size: int, seed: int | str = 0) -> None:
-        if size < 1:
-            raise SourceError(f"shuffle buffer size={size!r}: must be >= 1")
-        self.size = size
-        self._rng = random.Random(seed)
-        self._items: list[T] = []
-
-    def __len__(self) -> int:
-        return len(self._items)
-
-    def push(self, item: T) -> T | None:
-        """Hold ``item``; once the buffer is full, return a random held item (never None)."""
-        if item is None:
-            raise ValueError("ShuffleBuffer.push(None): None cannot be told from 'no item'")
-        items = self._items
-        if len(items) < self.size:
-            items.append(item)
-            return None
-        i = self._rng.randrange(len(items))
-        out, items[i] = items[i], item
-        return out
-
-    def drain(self) -> list[T]:
-        """Every held item, in random order; the buffer is empty afterwards."""
-        items, self._items = self._items, []
-        self._rng.shuffle(items)
-        return items
 
 
 # -- the decoder --------------------------------------------------------------------------

@@ -30,21 +30,17 @@ import pytest
 import webdataset
 
 from aiostream_hf import formats
-from aiostream_hf._exceptions import ClosedResourceError, DecodeError, SourceError
+from aiostream_hf._exceptions import ClosedResourceError, DecodeError
 from aiostream_hf._models import FileRef
 from aiostream_hf.formats import ReadRequest, decoder_for
 from aiostream_hf.formats.webdataset import (
     SampleGrouper,
-    ShuffleBuffer,
     TarMember,
     TarReader,
     WebDatasetDecoder,
     base_plus_ext,
     iter_samples,
-    resampled_shards,
     samples_to_table,
-    select_shards,
-    shard_order,
 )
 from aiostream_hf.testing import make_webdataset_shards
 
@@ -637,89 +633,6 @@ def test_100mb_shard_in_64k_blocks_stays_bounded() -> None:
     reader.close()
     assert peak > 0
     assert got == [(f"sample{i:04d}.bin", size, True) for i, size in enumerate(sizes)]
-
-
-# -- planning ------------------------------------------------------------------------------
-
-
-def test_select_shards_disjoint_and_complete() -> None:
-    for n in (0, 1, 5, 13, 64):
-        urls = [f"s{i}.tar" for i in range(n)]
-        for world_size in (1, 2, 3, 4):
-            for num_workers in (1, 2, 3):
-                parts = [
-                    select_shards(urls, rank, world_size, worker, num_workers)
-                    for rank in range(world_size)
-                    for worker in range(num_workers)
-                ]
-                flat = [u for part in parts for u in part]
-                assert sorted(flat) == sorted(urls)  # complete, and disjoint (no repeats)
-                assert max(map(len, parts)) - min(map(len, parts)) <= 1  # balanced
-                # webdataset's split_by_node then split_by_worker
-                assert parts[0] == urls[0::world_size][0::num_workers]
-    for bad in [(0, 0, 0, 1), (2, 2, 0, 1), (0, 1, 1, 1), (0, 1, 0, 0), (-1, 2, 0, 1)]:
-        with pytest.raises(SourceError):
-            select_shards(["a"], *bad)
-
-
-def test_shard_order_is_deterministic() -> None:
-    urls = [f"s{i}.tar" for i in range(100)]
-    assert shard_order(urls, 0, 0, shuffle=False) == urls
-    first = shard_order(urls, 1, 0, shuffle=True)
-    assert sorted(first) == sorted(urls)
-    assert first != urls
-    assert shard_order(urls, 1, 0, shuffle=True) == first  # same seed and epoch: same order
-    assert shard_order(urls, 1, 1, shuffle=True) != first  # a new epoch: a new order
-    assert shard_order(urls, 2, 0, shuffle=True) != first
-    # the order Stream uses for Parquet files, so formats shuffle alike
-    expected = list(urls)
-    random.Random("1:0:files").shuffle(expected)
-    assert first == expected
-
-
-def test_resampled_shards() -> None:
-    urls = [f"s{i}.tar" for i in range(10)]
-    drawn = resampled_shards(urls, 3, 100)
-    assert len(drawn) == 100
-    assert set(drawn) <= set(urls)
-    assert len(set(drawn)) < len(drawn)  # with replacement
-    assert resampled_shards(urls, 3, 100) == drawn
-    assert resampled_shards(urls, 4, 100) != drawn
-    assert resampled_shards(urls, 3, 100, epoch=1) != drawn
-    assert resampled_shards(urls, 3, 5) == drawn[:5]
-    assert resampled_shards([], 0, 0) == []
-    with pytest.raises(SourceError):
-        resampled_shards([], 0, 1)
-    with pytest.raises(SourceError):
-        resampled_shards(urls, 0, -1)
-
-
-def _shuffled(items: list[int], size: int, seed: int) -> tuple[list[int], int]:
-    buffer: ShuffleBuffer[int] = ShuffleBuffer(size, seed)
-    out, held = [], 0
-    for item in items:
-        got = buffer.push(item)
-        held = max(held, len(buffer))
-        if got is not None:
-            out.append(got)
-    return out + buffer.drain(), held
-
-
-def test_shuffle_buffer() -> None:
-    items = list(range(1000))
-    out, held = _shuffled(items, 50, 1)
-    assert sorted(out) == items  # each exactly once
-    assert out != items
-    assert held == 50
-    assert _shuffled(items, 50, 1)[0] == out
-    assert _shuffled(items, 50, 2)[0] != out
-    assert _shuffled(items, 1, 1)[0] == items  # a buffer of one keeps the order
-    # bounded: an item comes out at most (size - 1) + its wait later than a full buffer allows
-    assert max(i - out.index(i) for i in items) <= 50
-    with pytest.raises(SourceError):
-        ShuffleBuffer(0)
-    with pytest.raises(ValueError, match="None"):
-        ShuffleBuffer[Any](3).push(None)
 
 
 # -- the decoder ---------------------------------------------------------------------------

@@ -1,0 +1,527 @@
+"""The engine every stream runs on: lifecycle, iteration, order, rank share, shuffle, state.
+
+A stream (``Stream`` for Parquet and TAR, ``LeRobotStream`` for LeRobot items) is an
+``Engine`` that says two things: how to load its units in the background
+(``_loaded_units``: an async generator, run in a task of its own) and how a loaded
+unit becomes samples on the consumer's side (``_shape_unit``, then ``_shape_end``),
+moving its cursor as each sample is taken, so that ``state_dict()`` is exact. The
+engine does the rest, once for every stream:
+
+- ``async with stream:`` owns the task group the producer runs in; ``async for``
+  reads loaded units from a bounded channel (``_Iteration``), so no cancel scope,
+  task group or lock is held across the consumer's code; a bare ``async for``
+  raises ``UsageError`` at once;
+- ``for sample in stream`` runs the same producer on the bridge thread and shapes
+  samples on the consumer's thread;
+- the order of an epoch (``epoch_order``), a rank's share (``rank_share``), the
+  shuffle buffer (``ShuffleBuffer``) and the checks of a loaded state
+  (``check_state``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import time
+from abc import ABC, abstractmethod
+from collections.abc import AsyncGenerator, AsyncIterator, Iterator, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from types import TracebackType
+from typing import Any, Generic, TypeVar
+
+import anyio
+from anyio.abc import TaskGroup, TaskStatus
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+
+from ._bridge import SyncIterator
+from ._client import HubClient, use_client
+from ._exceptions import ClosedResourceError, SourceError, UsageError
+from ._fetcher import RangeFetcher
+from ._options import StreamOptions
+from ._prefetch import Job, Prefetcher, PrefetchStatistics
+from ._ranks import rank_and_world
+from ._resolver import Resolver
+
+__all__ = [
+    "Engine",
+    "EngineStatistics",
+    "Readers",
+    "ShuffleBuffer",
+    "as_rng_state",
+    "check_state",
+    "epoch_order",
+    "open_readers",
+    "rank_share",
+    "shuffle_buffer_size",
+]
+
+T = TypeVar("T")
+_E = TypeVar("_E", bound="Engine[Any]")
+
+_DEFAULT_SHUFFLE_BUFFER = 1000
+_KIND_NAMES = {None: "Parquet or TAR", "lerobot": "LeRobot"}  # a state's "kind", in messages
+_CHANNEL_UNITS = 1  # loaded units between the producer and the consumer, past the readahead
+
+
+# -- order, share, shuffle, state -----------------------------------------------------------
+
+
+def shuffle_buffer_size(shuffle: object, default: int = _DEFAULT_SHUFFLE_BUFFER) -> int:
+    """The shuffle buffer for ``shuffle=``: True (``default``), False/None (0), or a size."""
+    if isinstance(shuffle, bool) or shuffle is None:
+        return default if shuffle else 0
+    if isinstance(shuffle, int) and shuffle >= 1:
+        return shuffle
+    raise SourceError(f"shuffle={shuffle!r}: use True, False, or a buffer size >= 1")
+
+
+def epoch_order(items: Sequence[T], *, seed: int, epoch: int, shuffle: bool, what: str) -> list[T]:
+    """``items`` in the order of one epoch: as given, or shuffled by (seed, epoch), the
+    same on every rank and worker (so that their shares are disjoint)."""
+    order = list(items)
+    if shuffle:
+        random.Random(f"{seed}:{epoch}:{what}").shuffle(order)
+    return order
+
+
+def rank_share(items: Sequence[T], rank: int, world_size: int) -> tuple[list[T], bool]:
+    """A rank's share of ``items`` (files, episodes): every ``world_size``-th from
+    ``rank`` when there are enough for every rank; else all of them, and the flag says
+    that the rank must keep every ``world_size``-th unit of what they hold instead.
+    All ranks together read everything once."""
+    if len(items) >= world_size:
+        return list(items[rank::world_size]), False
+    return list(items), True
+
+
+class ShuffleBuffer(Generic[T]):
+    """A bounded shuffle buffer, deterministic for a seed, resumable exactly.
+
+    ``push(item)`` holds items until ``size`` are held, then swaps each new item with
+    a random held one and returns that; ``pop()`` takes a random held item (one draw
+    per item, so a state taken mid-drain resumes the same order). Every item comes out
+    exactly once and at most ``size`` are held. webdataset's ``shuffle(bufsize,
+    initial)`` instead starts emitting once ``initial`` items are held and pops a
+    random item per arrival.
+    """
+
+    def __init__(self, size: int, seed: int | str = 0) -> None:
+        if size < 1:
+            raise SourceError(f"shuffle buffer size={size!r}: must be >= 1")
+        self.size = size
+        self.rng = random.Random(seed)
+        self.items: list[T] = []
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def push(self, item: T) -> T | None:
+        """Hold ``item``; once the buffer is full, return a random held item (never None)."""
+        if item is None:
+            raise ValueError("ShuffleBuffer.push(None): None cannot be told from 'no item'")
+        items = self.items
+        if len(items) < self.size:
+            items.append(item)
+            return None
+        i = self.rng.randrange(len(items))
+        out, items[i] = items[i], item
+        return out
+
+    def pop(self) -> T:
+        """A random held item (the buffer must not be empty)."""
+        items = self.items
+        i = self.rng.randrange(len(items))
+        items[i], items[-1] = items[-1], items[i]
+        return items.pop()
+
+    def drain(self) -> Iterator[T]:
+        """The held items in random order, each taken as it is yielded."""
+        while self.items:
+            yield self.pop()
+
+    def state(self) -> tuple[list[T], tuple[Any, ...]]:
+        """(held items, RNG state): with ``restore``, the buffer exactly as it is now."""
+        return list(self.items), self.rng.getstate()
+
+    def restore(self, items: Sequence[T], rng_state: Any) -> None:
+        self.items = list(items)
+        if rng_state is not None:
+            self.rng.setstate(as_rng_state(rng_state))
+
+
+def as_rng_state(state: Any) -> tuple[Any, ...]:
+    """random.Random state, also after a JSON round trip (lists instead of tuples)."""
+    version, internal, gauss = state
+    return (version, tuple(internal), gauss)
+
+
+def check_state(
+    state: Mapping[str, Any], *, version: int, kind: str | None, same: Mapping[str, Any]
+) -> None:
+    """Refuse a ``state_dict`` saved by another version, another kind of stream, or with
+    other arguments (``same``: name -> this stream's value)."""
+    if state.get("version") != version:
+        raise SourceError(
+            f"state version {state.get('version')!r} is not {version}: "
+            "it was saved by another version of aiostream-hf"
+        )
+    if state.get("kind") != kind:
+        raise SourceError(
+            f"state is not a {_KIND_NAMES.get(kind, kind)} stream's (its 'kind' is "
+            f"{state.get('kind')!r}): load it into the kind of stream that saved it"
+        )
+    for key, mine in same.items():
+        if state.get(key) != mine:
+            raise SourceError(
+                f"state was saved with {key}={state.get(key)!r} but this stream has "
+                f"{key}={mine!r}: resume with the same arguments"
+            )
+
+
+# -- what a stream reads with --------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Readers:
+    """The client, resolver and fetcher one iteration of a stream reads with."""
+
+    client: HubClient
+    resolver: Resolver
+    fetcher: RangeFetcher
+
+
+@contextlib.asynccontextmanager
+async def open_readers(
+    options: StreamOptions,
+    *,
+    token: str | None,
+    endpoint: str | None,
+    client: HubClient | None = None,
+) -> AsyncIterator[Readers]:
+    """A resolver and a fetcher over ``client`` (else the event loop's shared one)."""
+    async with (
+        use_client(client) as hub,
+        Resolver(options=options, client=hub) as resolver,
+        RangeFetcher(options, token=token, endpoint=endpoint, client=hub) as fetcher,
+    ):
+        yield Readers(hub, resolver, fetcher)
+
+
+@dataclass(frozen=True, kw_only=True)
+class EngineStatistics:
+    """What every stream reports of its reading (see each stream's own fields too).
+
+    fetcher / resolver / client: the ``statistics()`` of the fetcher, resolver and
+        client of the last iteration, as dicts (empty before the first).
+    max_prefetched / max_prefetched_bytes: the most units, and bytes, held read ahead.
+    """
+
+    fetcher: Mapping[str, Any] = field(default_factory=dict)
+    resolver: Mapping[str, Any] = field(default_factory=dict)
+    client: Mapping[str, Any] = field(default_factory=dict)
+    max_prefetched: int = 0
+    max_prefetched_bytes: int = 0
+
+
+# -- the engine -----------------------------------------------------------------------------
+
+
+class Engine(ABC, Generic[T]):
+    """A lazy stream's life and iteration; subclasses give the units and their shaping.
+
+    ``T`` is what ``_loaded_units`` yields (a loaded unit with where it sits).
+    """
+
+    _kind = "stream"  # for messages: "a Stream", "a LeRobot stream"
+    _again = "make a new one"  # how to get a stream like it once it is closed
+
+    def __init__(
+        self,
+        *,
+        shuffle_buffer: int,
+        seed: int,
+        rank: int | None,
+        world_size: int | None,
+        options: StreamOptions | None,
+        token: str | None,
+        endpoint: str | None,
+        client: HubClient | None,
+    ) -> None:
+        """What every stream is given: its shuffle buffer (from ``shuffle_buffer_size``),
+        seed, rank share (default: RANK/WORLD_SIZE), options, and how it reaches its
+        source (token, endpoint, client)."""
+        self._shuffle_buffer = shuffle_buffer
+        self._seed = seed
+        self._rank, self._world_size = rank_and_world(rank, world_size)
+        self._options = options or StreamOptions()
+        self._token = token
+        self._endpoint = endpoint
+        self._client = client
+        self._epoch = 0
+        self._closed = False
+        self._tg: TaskGroup | None = None
+        self._iterations: list[_Iteration[T]] = []
+        self._sync_iterators: list[SyncIterator[Any]] = []
+        self._started = 0.0
+        self._first_sample: float | None = None
+        self._readers: Readers | None = None
+        self._prefetch: Any = None  # the readahead of the running iteration
+
+    # -- what a stream says ---------------------------------------------------------------
+
+    @abstractmethod
+    def _begin(self) -> Any:
+        """An iteration starts (on the consumer's side): what its producer needs."""
+
+    @abstractmethod
+    def _loaded_units(self, begun: Any) -> AsyncGenerator[T, None]:
+        """Resolve, plan, fetch and decode: loaded units in order (the producer's task)."""
+
+    @abstractmethod
+    def _shape_unit(self, loaded: T) -> Iterator[Any]:
+        """The samples of one loaded unit; the cursor moves as each one is taken."""
+
+    def _shape_end(self) -> Iterator[Any]:
+        """What is held when the units end (a last batch, a shuffle buffer)."""
+        return iter(())
+
+    # -- reading --------------------------------------------------------------------------
+
+    @contextlib.asynccontextmanager
+    async def _reading(
+        self,
+        options: StreamOptions,
+        *,
+        token: str | None,
+        endpoint: str | None,
+        client: HubClient | None,
+    ) -> AsyncIterator[Readers]:
+        """The readers of one iteration; their statistics stay readable after it."""
+        async with open_readers(options, token=token, endpoint=endpoint, client=client) as r:
+            self._readers = r
+            yield r
+
+    async def _read_ahead(
+        self, jobs: AsyncIterator[Job[T]], options: StreamOptions
+    ) -> AsyncGenerator[T, None]:
+        """The results of ``jobs``, in order, run ahead within the options' budgets."""
+        ahead: Prefetcher[T] = Prefetcher(
+            jobs, max_count=options.prefetch_count, max_bytes=options.prefetch_bytes
+        )
+        self._prefetch = ahead
+        async with ahead:
+            async for result in ahead:
+                yield result
+
+    def _engine_statistics(self) -> dict[str, Any]:
+        """The fields of ``EngineStatistics``, for a stream's ``statistics()``."""
+        r = self._readers
+        prefetch: PrefetchStatistics | None = (
+            self._prefetch.statistics() if self._prefetch is not None else None
+        )
+        return {
+            "fetcher": asdict(r.fetcher.statistics()) if r is not None else {},
+            "resolver": asdict(r.resolver.statistics()) if r is not None else {},
+            "client": asdict(r.client.statistics()) if r is not None else {},
+            "max_prefetched": prefetch.max_held if prefetch else 0,
+            "max_prefetched_bytes": prefetch.max_held_bytes if prefetch else 0,
+        }
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ClosedResourceError(f"this {self._kind} is closed: {self._again}")
+
+    async def __aenter__(self: _E) -> _E:
+        """Open the scope the stream's background tasks live in (``async with``)."""
+        self._check_open()
+        if self._tg is not None:
+            raise UsageError(f"this {self._kind} is already open: enter `async with` once")
+        tg = anyio.create_task_group()
+        await tg.__aenter__()
+        self._tg = tg
+        return self
+
+    async def __aexit__(
+        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> bool | None:
+        await self.aclose()
+        tg, self._tg = self._tg, None
+        if tg is None:
+            return None
+        tg.cancel_scope.cancel()
+        # The background tasks raise nothing (their errors reach the consumer through
+        # the channel), so the user's own error leaves as it is, not in an ExceptionGroup.
+        if e is None or isinstance(e, anyio.get_cancelled_exc_class()):
+            return await tg.__aexit__(et, e, tb)
+        await tg.__aexit__(None, None, None)
+        return None
+
+    async def aclose(self) -> None:
+        """Stop every iteration of this stream; ``async with`` then waits for its tasks."""
+        self._closed = True
+        iterations, self._iterations = self._iterations, []
+        for it in iterations:
+            it.close()
+
+    def __aiter__(self) -> AsyncIterator[Any]:
+        self._check_open()
+        if self._tg is None:
+            raise UsageError(
+                f"a {self._kind} is iterated inside `async with`, which owns its background "
+                "tasks: write `async with stream as s: async for sample in s: ...` "
+                "(or iterate it synchronously with `for sample in s`)"
+            )
+        for old in self._iterations:  # one iteration at a time: the cursor is the stream's
+            old.close()
+        it: _Iteration[T] = _Iteration(self, self._tg)
+        self._iterations = [it]
+        return it
+
+    def __iter__(self) -> Iterator[Any]:
+        """Sync iteration: the producer runs on the process's bridge thread; samples are
+        shaped on the consumer's thread, so ``state_dict()`` is exact at every one."""
+        self._check_open()
+        return self._iterate_sync()
+
+    def _iterate_sync(self) -> Iterator[Any]:
+        self._check_open()
+        begun = self._begin()
+        self._started = time.monotonic()
+        it: SyncIterator[T] = SyncIterator(lambda: self._loaded_units(begun), buffer=2)
+        self._sync_iterators.append(it)
+        try:
+            for loaded in it:
+                yield from self._shape_unit(loaded)
+            yield from self._shape_end()
+        finally:
+            it.close()
+            if it in self._sync_iterators:
+                self._sync_iterators.remove(it)
+
+    def close(self) -> None:
+        """Sync ``aclose()``: stop every sync iteration of this stream."""
+        self._closed = True
+        iterators, self._sync_iterators = self._sync_iterators, []
+        for it in iterators:
+            it.close()
+
+    def __enter__(self: _E) -> _E:
+        self._check_open()
+        return self
+
+    def __exit__(
+        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def set_epoch(self, epoch: int) -> None:
+        """Shuffle orders depend on (seed, epoch): call before each epoch's iteration."""
+        self._epoch = epoch
+
+    def _emit(self, sample: Any) -> Any:
+        if self._first_sample is None:
+            self._first_sample = time.monotonic() - self._started
+        return sample
+
+
+class _Failure:
+    """An error of the producer, handed to the consumer through the channel."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+
+
+class _Iteration(Generic[T]):
+    """One ``async for`` over a stream: a producer task in the stream's task group loads
+    units into a bounded channel; ``__anext__`` shapes them into samples on the
+    consumer's task. Nothing is held across the consumer's code but the channel: no
+    cancel scope, task group or lock, so leaving the loop (``break``, an error in its
+    body, a cancellation) at any point is clean; the stream's ``async with`` exit stops
+    the producer and waits for its cleanup."""
+
+    def __init__(self, engine: Engine[T], tg: TaskGroup) -> None:
+        self._engine = engine
+        self._tg = tg
+        self._send: MemoryObjectSendStream[Any]
+        self._receive: MemoryObjectReceiveStream[Any]
+        self._send, self._receive = anyio.create_memory_object_stream[Any](_CHANNEL_UNITS)
+        self._scope: anyio.CancelScope | None = None
+        self._started = False
+        self._closed = False
+        self._samples: Iterator[Any] | None = None
+        self._ended = False
+
+    def __aiter__(self) -> _Iteration[T]:
+        return self
+
+    async def __anext__(self) -> Any:
+        engine = self._engine
+        while True:
+            if self._samples is not None:
+                for sample in self._samples:
+                    return sample
+                self._samples = None
+            if self._ended or self._closed:
+                raise StopAsyncIteration
+            if not self._started:
+                self._started = True
+                begun = engine._begin()
+                engine._started = time.monotonic()
+                self._scope = await self._tg.start(self._produce, begun)
+            try:
+                item = await self._receive.receive()
+            except anyio.EndOfStream:
+                self._ended = True
+                self._samples = engine._shape_end()
+                continue
+            except anyio.ClosedResourceError:
+                raise StopAsyncIteration from None
+            if isinstance(item, _Failure):
+                self.close()
+                raise item.error
+            self._samples = engine._shape_unit(item)
+
+    async def _produce(self, begun: Any, *, task_status: TaskStatus[anyio.CancelScope]) -> None:
+        with anyio.CancelScope() as scope:
+            task_status.started(scope)
+            async with self._send as send:
+                units = self._engine._loaded_units(begun)
+                try:
+                    try:
+                        async for item in units:
+                            await send.send(item)
+                    finally:
+                        await units.aclose()  # on this task, which holds its scopes
+                except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+                    return  # the consumer is gone
+                except Exception as exc:  # raised in the consumer, in order
+                    with contextlib.suppress(anyio.BrokenResourceError):
+                        await send.send(_Failure(exc))
+
+    def close(self) -> None:
+        """Stop this iteration: its producer is cancelled, its channel closed."""
+        if self._closed:
+            return
+        self._closed = True
+        self._samples = None
+        if self._scope is not None:
+            self._scope.cancel()
+        self._receive.close()
+        if not self._started:
+            self._send.close()
+
+    async def aclose(self) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        # Left without close() (``break`` out of the loop): the producer's next send
+        # finds the channel closed and ends; the stream's exit waits for it.
+        if not self._closed:
+            self._closed = True
+            self._receive.close()
+            if not self._started:
+                self._send.close()
