@@ -17,12 +17,14 @@ from ._exceptions import FrameTimestampError as FrameTimestampError
 from ._exceptions import GatedRepoError as GatedRepoError
 from ._exceptions import HubServerError as HubServerError
 from ._exceptions import RangeMismatchError as RangeMismatchError
+from ._exceptions import RateLimitedError as RateLimitedError
 from ._exceptions import RepoNotFoundError as RepoNotFoundError
 from ._exceptions import ResolutionError as ResolutionError
 from ._exceptions import RetriesExhaustedError as RetriesExhaustedError
 from ._exceptions import RevisionNotFoundError as RevisionNotFoundError
 from ._exceptions import SourceError as SourceError
 from ._exceptions import SplitNotFoundError as SplitNotFoundError
+from ._exceptions import UnreachableError as UnreachableError
 from ._exceptions import UsageError as UsageError
 from ._models import FileRef as FileRef
 from ._models import Manifest as Manifest
@@ -47,6 +49,7 @@ __all__ = [
     "HubServerError",
     "Manifest",
     "RangeMismatchError",
+    "RateLimitedError",
     "RepoNotFoundError",
     "ResolutionError",
     "RetriesExhaustedError",
@@ -56,6 +59,7 @@ __all__ = [
     "Stream",
     "StreamOptions",
     "StreamStatistics",
+    "UnreachableError",
     "UsageError",
     "__version__",
     "lerobot",

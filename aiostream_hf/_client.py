@@ -32,6 +32,7 @@ warm connections) for a service's life.
 from __future__ import annotations
 
 import contextlib
+import logging
 import random
 import re
 import time
@@ -45,7 +46,7 @@ import httpx2
 from anyio.lowlevel import RunVar
 
 from .__version__ import __version__
-from ._exceptions import ClosedResourceError, SourceError
+from ._exceptions import ClosedResourceError, RateLimitedError, SourceError, UnreachableError
 from ._retry import backoff_delay, retry_after
 from ._transport import SchemeTransport, tls_context
 
@@ -64,9 +65,16 @@ __all__ = [
 
 #: The longest wait a server may ask for; the Hub's rate-limit windows are 5 minutes.
 MAX_SERVER_DELAY_S = 300.0
+#: A host pause at least this long is logged (WARNING).
+LOG_PAUSE_S = 5.0
+#: A host that never answered and refuses connections (or has no DNS name) gets one
+#: more try after this many seconds, then ``UnreachableError``.
+UNREACHABLE_RETRY_S = 0.2
+logger = logging.getLogger("aiostream_hf")
 _DEFAULT_MAX_CONNECTIONS = 64
 _RATELIMIT_REMAINING = re.compile(r"(?:^|[;,\s])(?:r|remaining)=(\d+)")
 _RATELIMIT_RESET = re.compile(r"(?:^|[;,\s])(?:t|reset)=(\d+(?:\.\d+)?)")
+_RATELIMIT_BUCKET = re.compile(r'^\s*"([^"]*)"')
 
 
 @dataclass(frozen=True)
@@ -77,6 +85,11 @@ class ClientStatistics:
     in_flight / max_in_flight: requests holding a connection slot now / at the peak.
     throttled: 429 answers received.
     paused_hosts: hosts paused now (a 429, or a rate-limit budget used up).
+    pauses / paused_seconds: host pauses begun (or lengthened), and their seconds in all.
+    rate_limit_failures: requests failed with ``RateLimitedError`` (asked to wait longer
+        than ``max_rate_limit_wait``).
+    unreachable_hosts: hosts that refused connections (or had no DNS name) before ever
+        answering.
     routes: files whose serving URL (CDN redirect) is cached.
     users / max_users: streams and readers using it now / at the peak.
     max_connections: the bound on requests in flight (and on pooled connections).
@@ -87,6 +100,10 @@ class ClientStatistics:
     max_in_flight: int
     throttled: int
     paused_hosts: int
+    pauses: int
+    paused_seconds: float
+    rate_limit_failures: int
+    unreachable_hosts: int
     routes: int
     users: int
     max_users: int
@@ -147,22 +164,39 @@ class Pending:
 
 
 class _HostGate:
-    """A host that rate-limited us: paused until a time, then probed, then budgeted."""
+    """A host that rate-limited us: paused until a time, then probed, then budgeted.
 
-    __slots__ = ("budget", "budget_until", "paused_until", "probe_done", "probe_needed", "prober")
+    ``asked_until`` is when the server said it would serve again, before the pause was
+    capped at ``MAX_SERVER_DELAY_S``: a request that may not wait that long fails at once.
+    """
+
+    __slots__ = (
+        "asked_until",
+        "budget",
+        "budget_until",
+        "paused_until",
+        "probe_done",
+        "probe_needed",
+        "prober",
+    )
 
     def __init__(self) -> None:
         self.paused_until = float("-inf")  # anyio.current_time() deadline
+        self.asked_until = float("-inf")
         self.probe_needed = False
         self.prober: object | None = None
         self.probe_done: anyio.Event | None = None
         self.budget: int | None = None  # requests left in the window (RateLimit r=)
         self.budget_until = float("-inf")
 
-    def pause(self, until: float) -> None:
+    def pause(self, until: float, asked: float) -> float:
+        """Pause until ``until`` (the server asked for ``asked``); the seconds it added."""
+        added = max(0.0, until - max(self.paused_until, anyio.current_time()))
         self.paused_until = max(self.paused_until, until)
+        self.asked_until = max(self.asked_until, asked)
         self.probe_needed = True
         self.budget = None
+        return added
 
 
 class HubClient:
@@ -204,6 +238,11 @@ class HubClient:
         self._in_flight = 0
         self._max_in_flight = 0
         self._throttled = 0
+        self._pauses = 0
+        self._paused_seconds = 0.0
+        self._rate_limit_failures = 0
+        self._answered: set[str] = set()  # hosts that gave any HTTP answer
+        self._unreachable: set[str] = set()
         self._users = 0
         self._max_users = 0
 
@@ -242,6 +281,10 @@ class HubClient:
             max_in_flight=self._max_in_flight,
             throttled=self._throttled,
             paused_hosts=sum(1 for g in self._hosts.values() if g.paused_until > now),
+            pauses=self._pauses,
+            paused_seconds=self._paused_seconds,
+            rate_limit_failures=self._rate_limit_failures,
+            unreachable_hosts=len(self._unreachable),
             routes=len(self._routes),
             users=self._users,
             max_users=self._max_users,
@@ -261,14 +304,25 @@ class HubClient:
     # -- slots and host gates (plain synchronous state, awaited only to wait) ---------------
 
     async def acquire(
-        self, host: str, owner: object, limiter: anyio.CapacityLimiter | None = None
+        self,
+        host: str,
+        owner: object,
+        limiter: anyio.CapacityLimiter | None = None,
+        *,
+        deadline: float | None = None,
+        url: str = "",
     ) -> None:
         """Wait until ``host`` may be sent a request, then take a slot (the caller's
-        ``limiter`` first, if any, then one of this client's)."""
+        ``limiter`` first, if any, then one of this client's).
+
+        ``deadline`` (``anyio.current_time()``) bounds the wait for a rate-limited host:
+        a pause the server wants to last past it raises ``RateLimitedError`` at once.
+        """
         try:
             while True:
                 wait = self._gate_nowait(host, owner)
                 if isinstance(wait, float):
+                    self._check_wait(host, deadline, url)
                     await anyio.sleep_until(wait)
                     continue
                 if wait is not None:
@@ -304,6 +358,24 @@ class HubClient:
             limiter.release_on_behalf_of(owner)
         self.end_probe(host, owner, answered=False)
 
+    def _check_wait(self, host: str, deadline: float | None, url: str) -> None:
+        gate = self._hosts[host]
+        asked = max(gate.asked_until, gate.paused_until)
+        if deadline is None or asked <= deadline:
+            return
+        self._rate_limit_failures += 1
+        now = anyio.current_time()
+        resume_at = time.time() + (asked - now)
+        raise RateLimitedError(
+            f"{url or host}: {host} rate-limited us until {_clock(resume_at)} "
+            f"({asked - now:.0f} s from now), past the {deadline - now:.0f} s this request "
+            "may still wait (StreamOptions.max_rate_limit_wait): retry after that time, "
+            "raise max_rate_limit_wait, or use a token with a higher quota",
+            url=url,
+            status=429,
+            resume_at=resume_at,
+        )
+
     def _gate_nowait(self, host: str, owner: object) -> float | anyio.Event | None:
         """None: go. A float: sleep until that time. An Event: wait for the probe's answer."""
         gate = self._hosts.get(host)
@@ -324,7 +396,7 @@ class HubClient:
             if now >= gate.budget_until:
                 gate.budget = None
             elif gate.budget <= 0:
-                gate.pause(gate.budget_until)
+                gate.pause(gate.budget_until, gate.budget_until)
                 return gate.budget_until
             else:
                 gate.budget -= 1
@@ -361,16 +433,18 @@ class HubClient:
         backoff_max: float,
     ) -> None:
         """Learn the host's rate-limit state from an answer; pause the host on a 429."""
+        self._answered.add(host)
         limit = ratelimit(headers.get("RateLimit"))
         if limit is None and status != 429 and host not in self._hosts:
             return
         gate = self._hosts.setdefault(host, _HostGate())
         now = anyio.current_time()
+        added = 0.0
         if limit is not None:
             remaining, reset = limit
             gate.budget, gate.budget_until = remaining, now + reset
             if remaining <= 0:
-                gate.pause(now + min(reset, MAX_SERVER_DELAY_S))
+                added = gate.pause(now + min(reset, MAX_SERVER_DELAY_S), now + reset)
         if status == 429:
             self._throttled += 1
             delay = retry_after(headers.get("Retry-After"))
@@ -378,8 +452,42 @@ class HubClient:
                 delay = limit[1]
             if delay is None:
                 delay = self.backoff(failures + 1, backoff_base, backoff_max)
-            gate.pause(now + min(delay, max(MAX_SERVER_DELAY_S, backoff_max)))
+            capped = min(delay, max(MAX_SERVER_DELAY_S, backoff_max))
+            added = max(added, gate.pause(now + capped, now + delay))
+        if added > 0:
+            self._pauses += 1
+            self._paused_seconds += added
+            pause = gate.paused_until - now
+            if pause >= LOG_PAUSE_S:
+                match = _RATELIMIT_BUCKET.match(headers.get("RateLimit") or "")
+                logger.warning(
+                    "%s rate-limited us (HTTP %s%s): every request to it waits %.0f s, until %s",
+                    host,
+                    status,
+                    f', bucket "{match.group(1)}"' if match else "",
+                    pause,
+                    _clock(time.time() + pause),
+                )
         self.end_probe(host, owner, answered=True)
+
+    # -- hosts that cannot be reached --------------------------------------------------------
+
+    def connect_failed(self, host: str, url: str, exc: Exception, failures: int) -> float:
+        """A connection to ``host`` failed (refused, no DNS name, connect timeout). For a
+        host that answered before, 0.0: retry as usual. For one that never answered, the
+        seconds to wait before its one quick retry; after that, ``UnreachableError``."""
+        if host in self._answered:
+            return 0.0
+        if failures < 2:
+            return UNREACHABLE_RETRY_S
+        self._unreachable.add(host)
+        raise UnreachableError(
+            f"{url}: cannot connect to {host} ({type(exc).__name__}: {exc}); tried "
+            f"{failures} times. Is the endpoint right? Set HF_ENDPOINT or pass endpoint= "
+            "(a local server: is it running?)",
+            url=url,
+            attempts=failures,
+        ) from exc
 
     # -- the retry policy --------------------------------------------------------------------
 
@@ -437,6 +545,11 @@ class HubClient:
         if pending is not None:
             pending.error = error
             pending.done.set()
+
+
+def _clock(epoch_seconds: float) -> str:
+    """A wall-clock time for messages: 2026-12-03 16:40:05 UTC."""
+    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(epoch_seconds))
 
 
 # -- one default client per event loop --------------------------------------------------------

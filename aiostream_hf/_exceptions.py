@@ -14,7 +14,9 @@ Every error the library raises on purpose derives from ``AiostreamError``::
     ├── FetchError              an HTTP read that did not give the bytes asked for
     │   ├── RetriesExhaustedError   gave up after max_retries (URL, status, attempts)
     │   ├── RangeMismatchError      a 206 that is not the range asked for
-    │   └── FileChangedError        the file's etag changed while it was streamed
+    │   ├── FileChangedError        the file's version changed while it was read
+    │   ├── RateLimitedError        the server asks for a longer wait than allowed
+    │   └── UnreachableError        the endpoint cannot be reached (refused, no DNS)
     ├── DecodeError             bytes that the format decoder cannot turn into samples
     │   └── FrameTimestampError     no frame within tolerance of a requested timestamp
     ├── ClosedResourceError     a closed stream, fetcher or server used again
@@ -39,12 +41,14 @@ __all__ = [
     "GatedRepoError",
     "HubServerError",
     "RangeMismatchError",
+    "RateLimitedError",
     "RepoNotFoundError",
     "ResolutionError",
     "RetriesExhaustedError",
     "RevisionNotFoundError",
     "SourceError",
     "SplitNotFoundError",
+    "UnreachableError",
     "UsageError",
 ]
 
@@ -110,7 +114,30 @@ class RangeMismatchError(FetchError):
 
 
 class FileChangedError(FetchError):
-    """The file changed (its etag differs) while it was being streamed."""
+    """The file changed (its validator differs from the one pinned at first contact)."""
+
+
+class RateLimitedError(FetchError):
+    """A host asked us to wait (429, ``Retry-After``, ``RateLimit``) past the options'
+    ``max_rate_limit_wait``; ``resume_at`` is when the server said it would serve again
+    (seconds since the epoch)."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        url: str = "",
+        status: int | None = None,
+        attempts: int = 1,
+        resume_at: float | None = None,
+    ) -> None:
+        super().__init__(message, url=url, status=status, attempts=attempts)
+        self.resume_at = resume_at
+
+
+class UnreachableError(FetchError):
+    """A host that never answered refuses connections or has no DNS name: fails fast
+    (one quick retry), naming the endpoint and how to set another."""
 
 
 class DecodeError(AiostreamError):

@@ -32,9 +32,20 @@ How a read travels:
   resumes from the last byte received, with ``If-Range``.
 - Integrity. Every 206 must be the range asked for (``Content-Range`` and
   length). A 200 to a range request is used (sliced) only when the whole file
-  is at most twice the bytes asked for. ``If-Match`` with the file's etag goes
-  with every read from a resolved URL, so a file that changed answers 412:
-  ``FileChangedError``, never a silent mix of two versions.
+  is at most twice the bytes asked for.
+- One version per file. The first answer for a file pins its version (``_versions``:
+  ETag, else Last-Modified, and size; for Hub files served directly, the manifest's
+  etag). Every later answer for it, to any request of this fetcher, must show the
+  same version, else ``FileChangedError``: never a silent mix of two versions, even
+  from a server that ignores ``If-Match``. ``If-Match`` (the pinned strong ETag, else
+  the manifest's) goes with every read from a resolved URL, and a resume asks
+  ``If-Range`` with the pinned validator. A server that gives no validator at all is
+  counted (``unvalidated_files``) and logged: its changes cannot be seen.
+- Stalls. A body that arrives slower than ``min_throughput`` bytes/s, measured over
+  each ``timeout`` seconds spent waiting for it, is dropped and resumed like a cut
+  one; so is one with no bytes for ``timeout`` seconds.
+- Unreachable hosts. A host that never answered and refuses the connection (or has
+  no DNS name) is tried once more, then ``UnreachableError`` names it.
 - Tokens go to the Hub's host only, never to the CDN.
 - ``file://`` URLs are read from disk with ``os.pread`` in worker threads.
 """
@@ -43,6 +54,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import logging
 import os
 import re
 import time
@@ -70,6 +82,7 @@ from ._exceptions import (
 from ._models import FileRef
 from ._options import StreamOptions
 from ._retry import retry_after
+from ._versions import Version, normalize_etag
 
 __all__ = ["ByteStream", "FetcherStatistics", "RangeFetcher", "coalesce_ranges"]
 
@@ -81,6 +94,8 @@ _MAX_HOPS = 10
 # Re-resolve a cached CDN URL this many seconds before its ``expires=``.
 _EXPIRY_MARGIN_S = 1.0
 _RETRYABLE_ERRORS = (httpx2.TimeoutException, httpx2.NetworkError, httpx2.RemoteProtocolError)
+_CONNECT_ERRORS = (httpx2.ConnectError, httpx2.ConnectTimeout)
+logger = logging.getLogger("aiostream_hf")
 _CONTENT_RANGE = re.compile(r"^\s*bytes\s+(\d+)-(\d+)/(\d+|\*)\s*$", re.IGNORECASE)
 _UNSATISFIED_RANGE = re.compile(r"^\s*bytes\s+\*/(\d+)\s*$", re.IGNORECASE)
 
@@ -98,6 +113,9 @@ class FetcherStatistics:
     resumes: reads resumed from the last byte received after a cut body.
     re_resolutions: cached CDN URLs dropped (expired, or refused) and resolved again.
     in_flight / max_in_flight: requests holding a concurrency slot now / at the peak.
+    stalls: bodies dropped (and resumed) for arriving slower than ``min_throughput``.
+    unvalidated_files: files served with no ETag and no Last-Modified: a change to one
+        of them while it is read cannot be detected.
     """
 
     requests: Mapping[str, int]
@@ -108,6 +126,8 @@ class FetcherStatistics:
     re_resolutions: int
     in_flight: int
     max_in_flight: int
+    stalls: int = 0
+    unvalidated_files: int = 0
 
     @property
     def total_requests(self) -> int:
@@ -204,6 +224,11 @@ class RangeFetcher:
         self._re_resolutions = 0
         self._in_flight = 0
         self._max_in_flight = 0
+        self._stalls = 0
+        # The version of each file pinned at its first answer, by (file URL, direct):
+        # a CDN may label a file otherwise than the Hub does, so each is pinned apart.
+        self._versions: dict[tuple[str, bool], Version] = {}
+        self._unvalidated = 0
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -339,6 +364,8 @@ class RangeFetcher:
             re_resolutions=self._re_resolutions,
             in_flight=self._in_flight,
             max_in_flight=self._max_in_flight,
+            stalls=self._stalls,
+            unvalidated_files=self._unvalidated,
         )
 
     # -- range reads -----------------------------------------------------------------------
@@ -432,7 +459,11 @@ class RangeFetcher:
     async def _acquire(self, host: str, owner: _Transfer) -> None:
         """Wait until ``host`` may be sent a request (the client's gate), then take a
         slot of this fetcher's and one of the client's."""
-        await self._hub.acquire(host, owner, self._limiter)
+        if owner.wait_deadline is None:
+            owner.wait_deadline = anyio.current_time() + self.options.max_rate_limit_wait
+        await self._hub.acquire(
+            host, owner, self._limiter, deadline=owner.wait_deadline, url=owner.file.url
+        )
         self._in_flight += 1
         self._max_in_flight = max(self._max_in_flight, self._in_flight)
 
@@ -461,15 +492,43 @@ class RangeFetcher:
 
     # -- requests --------------------------------------------------------------------------
 
-    def _headers(self, transfer: _Transfer, url: str, *, resolving: bool) -> dict[str, str]:
+    def _headers(self, transfer: _Transfer, url: str, route: Route | None) -> dict[str, str]:
         headers = {"Range": transfer.range_header()}
-        etag = transfer.file.etag
-        if etag and not resolving:
-            headers["If-Match"] = f'"{_normalize_etag(etag)}"'
-        if transfer.validator is not None:
-            headers["If-Range"] = transfer.validator
+        if route is not None:  # not resolving: the bytes come from this answer
+            pinned = self._versions.get((transfer.file.url, route.direct))
+            etag = transfer.file.etag
+            if_match = pinned.if_match() if pinned is not None else None
+            if if_match is None and etag:
+                if_match = f'"{normalize_etag(etag)}"'
+            if if_match is not None:
+                headers["If-Match"] = if_match
+            if pinned is not None and transfer.opened_at is not None:  # a resume
+                if_range = pinned.if_range()
+                if if_range is not None:
+                    headers["If-Range"] = if_range
         headers.update(auth_headers(url, self._token, self._endpoint))
         return headers
+
+    def _check_version(self, transfer: _Transfer, seen: Version, *, direct: bool) -> None:
+        """Pin the file's version at its first answer; later answers must show it."""
+        file = transfer.file
+        key = (file.url, direct)
+        pinned = self._versions.get(key)
+        if pinned is None:
+            if direct and file.etag and seen.etag and seen.etag != normalize_etag(file.etag):
+                raise transfer._changed(f"it is now served with {seen.describe()}")
+            self._versions[key] = seen
+            if not seen.validated:
+                self._unvalidated += 1
+                logger.warning(
+                    "%s is served with no ETag and no Last-Modified: if it changes while "
+                    "it is read, the change cannot be detected",
+                    _display(transfer.last_url),
+                )
+            return
+        why = pinned.differs(seen)
+        if why is not None:
+            raise transfer._changed(why)
 
     def _is_hub(self, url: str) -> bool:
         return origin(url) == self._hub_origin
@@ -524,6 +583,10 @@ class _Retry:
     sleep: bool = True  # False for 429: the host pause is the wait
 
 
+class _Stall(Exception):
+    """A body that arrives slower than ``min_throughput``."""
+
+
 class _Signal:
     def __init__(self, name: str) -> None:
         self.name = name
@@ -563,7 +626,6 @@ class _Transfer:
         self.kind = kind
         self.chunk_size = chunk_size
         self.total = file.size
-        self.validator: str | None = None  # the strong ETag of the first answer, for If-Range
         self.failures = 0  # in a row, without progress
         self.last_status: int | None = None
         self.last_url = file.url
@@ -578,6 +640,14 @@ class _Transfer:
         self.filled = 0  # bytes in ``pieces``
         self.slot_host: str | None = None
         self.opened_at: int | None = None
+        # A rate-limited host is waited for until then, at the most (anyio clock; set
+        # at the first request).
+        self.wait_deadline: float | None = None
+        # Throughput over the time spent waiting for the body (not for the consumer).
+        self.waited = 0.0
+        self.waited_bytes = 0
+        self.stalled: _Stall | None = None
+        self.stall_count = 0
 
     # -- reading ---------------------------------------------------------------------------
 
@@ -640,12 +710,23 @@ class _Transfer:
             ):
                 await self.aclose()
                 return None
+            if self.stalled is not None:
+                stall, self.stalled = self.stalled, None
+                self.fetcher._stalls += 1
+                self.stall_count += 1
+                # Progress does not excuse a stall: stalls count on towards max_retries.
+                self.failures = max(self.failures, self.stall_count - 1)
+                await self.aclose()
+                await self._body_failed(stall)
+                continue
             if self.chunks is None:
                 if await self._open() is _AT_EOF:
                     return None
                 continue
             try:
+                began = anyio.current_time()
                 chunk = await self.chunks.__anext__()
+                self._note_wait(anyio.current_time() - began, len(chunk))
             except StopAsyncIteration:
                 await self.aclose()
                 assert self.pos is not None
@@ -687,6 +768,22 @@ class _Transfer:
             self.failures = 0  # progress: failures count again from zero
             self.reresolved = False
             return chunk
+
+    def _note_wait(self, seconds: float, n: int) -> None:
+        """Count a chunk's wait; past each ``timeout`` seconds of waiting, a body slower
+        than ``min_throughput`` is marked stalled (dropped and resumed at the next read)."""
+        o = self.fetcher.options
+        self.waited += seconds
+        self.waited_bytes += n
+        if o.min_throughput <= 0 or self.waited < o.timeout:
+            return
+        if self.waited_bytes < o.min_throughput * self.waited:
+            self.stalled = _Stall(
+                f"{self.waited_bytes} bytes in {self.waited:.0f} s from "
+                f"{_display(self.last_url)}, under StreamOptions.min_throughput="
+                f"{o.min_throughput:g} bytes/s"
+            )
+        self.waited, self.waited_bytes = 0.0, 0
 
     async def _body_failed(self, exc: BaseException | None) -> None:
         """A body ended early or broke: resume from ``pos`` (a retry), or give up."""
@@ -747,7 +844,7 @@ class _Transfer:
             f._check_open()  # closed while we waited for another read's resolution
             url = self.file.url if route is None else route.url
             host = _host_key(url, self.file)
-            headers = f._headers(self, url, resolving=route is None)
+            headers = f._headers(self, url, route)
             await f._acquire(host, self)
             self.slot_host = host
             self.last_url = url
@@ -762,7 +859,10 @@ class _Transfer:
                     )
                     response = await f._hub.send(request, stream=True)
                 except _RETRYABLE_ERRORS as exc:
-                    outcome = _Retry(None, None, exc)
+                    quick = None
+                    if isinstance(exc, _CONNECT_ERRORS):  # raises for a host never reached
+                        quick = f._hub.connect_failed(host, _display(url), exc, self.failures + 1)
+                    outcome = _Retry(None, quick or None, exc)
                 except httpx2.HTTPError as exc:
                     raise FetchError(
                         f"{self.file.url}: cannot request {_display(url)}: {exc}",
@@ -817,16 +917,9 @@ class _Transfer:
             direct = route is None or route.direct
             if route is None:
                 f._set_route(self, Route(file.url, direct=True))
-            etag = headers.get("ETag")
-            if (
-                etag
-                and direct
-                and file.etag
-                and _normalize_etag(etag) != _normalize_etag(file.etag)
-            ):
-                raise self._changed(f"it is now served with etag {etag}")
-            if etag and self.validator and _normalize_etag(etag) != _normalize_etag(self.validator):
-                raise self._changed(f"its etag went from {self.validator} to {etag}")
+            f._check_version(
+                self, Version.of(headers, _answer_size(status, headers)), direct=direct
+            )
             encoding = headers.get("Content-Encoding", "identity").strip().lower()
             if encoding not in ("", "identity"):
                 raise RangeMismatchError(
@@ -839,8 +932,6 @@ class _Transfer:
                 self._accept_partial(headers, url)
             else:
                 self._accept_whole(headers, url)
-            if self.validator is None and etag and not etag.startswith("W/"):
-                self.validator = etag
             return None
         if status == 412:
             raise self._changed(f"{_display(url)} answered 412 to If-Match", status=412)
@@ -973,7 +1064,7 @@ class _Transfer:
     def _check_linked(self, headers: httpx2.Headers) -> None:
         file = self.file
         linked = headers.get("X-Linked-Etag") or headers.get("ETag")
-        if linked and file.etag and _normalize_etag(linked) != _normalize_etag(file.etag):
+        if linked and file.etag and normalize_etag(linked) != normalize_etag(file.etag):
             raise self._changed(f"the Hub now links it to etag {linked}")
         size = headers.get("X-Linked-Size")
         if size and size.isdigit() and file.size is not None and int(size) != file.size:
@@ -1242,16 +1333,17 @@ def _display(url: str) -> str:
     return parts._replace(query="", fragment="").geturl() if parts.query else url
 
 
-def _normalize_etag(etag: str) -> str:
-    e = etag.strip()
-    if e.startswith("W/"):
-        e = e[2:]
-    return e.strip('"')
-
-
 def _content_length(headers: httpx2.Headers) -> int | None:
     value = headers.get("Content-Length")
     return int(value) if value is not None and value.strip().isdigit() else None
+
+
+def _answer_size(status: int, headers: httpx2.Headers) -> int | None:
+    """The whole file's size as a 200 or 206 answer gives it, if it does."""
+    if status == 200:
+        return _content_length(headers)
+    m = _CONTENT_RANGE.match(headers.get("Content-Range", ""))
+    return int(m.group(3)) if m is not None and m.group(3) != "*" else None
 
 
 def _expiry(url: str) -> float | None:

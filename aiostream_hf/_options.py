@@ -25,9 +25,21 @@ class StreamOptions:
     max_retries: retries of one request on 408/429/5xx and network errors.
     backoff_base / backoff_max: jittered exponential backoff between retries, seconds.
     timeout: seconds without progress on one request before it counts as failed.
+    min_throughput: bytes per second a response body must keep up, measured over
+        each ``timeout`` seconds: a slower one (a server trickling bytes) counts as
+        stalled and is retried from the last byte received. 0 turns the check off.
+    max_rate_limit_wait: the longest one request waits, in all, for hosts that
+        rate-limited it (429, ``Retry-After``, ``RateLimit``). A server asking for a
+        longer wait fails the request at once with ``RateLimitedError``, which says
+        when the server will serve again. Pauses over a few seconds are logged
+        (WARNING, logger ``aiostream_hf``).
     cache_dir: the on-disk resolution cache; default AIOSTREAM_HF_CACHE or the
         user cache dir (~/.cache/aiostream-hf).
     pin_ttl: seconds a branch-to-commit pin is shared between processes.
+    verify_checksums: verify the CRC of every Parquet page that carries one (files
+        written with ``write_page_checksum=True``): a page whose bytes changed raises
+        ``DecodeError`` naming the file and row group instead of giving wrong rows.
+        Pages without a CRC are read as before. False skips the check.
     """
 
     max_concurrency: int = 16
@@ -40,8 +52,11 @@ class StreamOptions:
     backoff_base: float = 0.25
     backoff_max: float = 30.0
     timeout: float = 60.0
+    min_throughput: float = 1024.0
+    max_rate_limit_wait: float = 600.0
     cache_dir: Path | None = None
     pin_ttl: float = 10.0
+    verify_checksums: bool = True
 
     def __post_init__(self) -> None:
         positive = {
@@ -61,6 +76,8 @@ class StreamOptions:
             "max_retries": self.max_retries,
             "backoff_base": self.backoff_base,
             "pin_ttl": self.pin_ttl,
+            "min_throughput": self.min_throughput,
+            "max_rate_limit_wait": self.max_rate_limit_wait,
         }.items():
             if value < 0:
                 raise SourceError(f"StreamOptions.{name}={value!r}: must be >= 0")

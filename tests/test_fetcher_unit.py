@@ -7,11 +7,13 @@ failures with ``FakeHub.override`` and assert on the requests it saw.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import os
+import socket
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Mapping
 from datetime import datetime, timedelta, timezone
 from email.utils import format_datetime
 from pathlib import Path
@@ -27,7 +29,9 @@ from aiostream_hf._exceptions import (
     FetchError,
     FileChangedError,
     RangeMismatchError,
+    RateLimitedError,
     RetriesExhaustedError,
+    UnreachableError,
 )
 from aiostream_hf._fetcher import RangeFetcher, coalesce_ranges
 from aiostream_hf._models import FileRef
@@ -170,6 +174,14 @@ def fake() -> FakeHub:
         },
         lfs={"data/blob.parquet", "data/other.parquet"},
     )
+
+
+@contextlib.contextmanager
+def socket_port() -> Iterator[int]:
+    """A loopback port that nothing listens on once the block ends."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        yield s.getsockname()[1]
 
 
 BLOB = "data/blob.parquet"
@@ -916,3 +928,235 @@ async def test_tls_is_set_up_on_the_first_https_request_only() -> None:
     assert transport._pools == {}
     with pytest.raises(RuntimeError, match="closed"):
         transport._pool("http")
+
+
+# -- one version per file, pinned at first contact -------------------------------------------
+
+
+URL_FILE = "https://files.test/data/table.parquet"
+
+
+def plain_server(
+    versions: list[bytes], headers_of: Callable[[int], dict[str, str]], *, switch_after: int = 1
+) -> tuple[Callable[[httpx2.Request], httpx2.Response], list[httpx2.Request]]:
+    """A plain HTTP server (no Hub) that serves ``versions[0]`` for the first
+    ``switch_after`` requests, then ``versions[1]``, with ``headers_of(version)``;
+    it ignores If-Match and If-Range, as careless servers do."""
+    seen: list[httpx2.Request] = []
+
+    def handler(request: httpx2.Request) -> httpx2.Response:
+        seen.append(request)
+        v = 0 if len(seen) <= switch_after else 1
+        data = versions[v]
+        first, _, last = request.headers["Range"].removeprefix("bytes=").partition("-")
+        if first == "":
+            start, end = max(0, len(data) - int(last)), len(data)
+        else:
+            start, end = int(first), min(len(data), int(last) + 1 if last else len(data))
+        headers = {"Content-Range": f"bytes {start}-{end - 1}/{len(data)}", **headers_of(v)}
+        return httpx2.Response(206, headers=headers, content=data[start:end])
+
+    return handler, seen
+
+
+def plain_fetcher(
+    handler: Callable[[httpx2.Request], httpx2.Response], **options: Any
+) -> RangeFetcher:
+    opts: dict[str, Any] = {"backoff_base": 0.001, "backoff_max": 0.005, "max_retries": 2}
+    opts.update(options)
+    return RangeFetcher(
+        StreamOptions(**opts), endpoint=HUB, transport=httpx2.MockTransport(handler)
+    )
+
+
+@pytest.mark.parametrize(
+    ("flavour", "headers_of"),
+    [
+        ("strong etag", lambda v: {"ETag": f'"v{v}"'}),
+        ("weak etag", lambda v: {"ETag": f'W/"v{v}"'}),
+        ("last-modified only", lambda v: {"Last-Modified": f"Wed, 0{v + 1} Dec 2026 10:00:00 GMT"}),
+    ],
+)
+async def test_a_file_replaced_between_two_reads_is_file_changed(
+    flavour: str, headers_of: Callable[[int], dict[str, str]]
+) -> None:
+    """The footer read pins the version; a row-group read of the new bytes fails,
+    though the server ignores If-Match (a URL source: no etag known beforehand)."""
+    old, new = os.urandom(1000), os.urandom(1000)
+    handler, seen = plain_server([old, new], headers_of)
+    ref = FileRef(url=URL_FILE, path="table.parquet", size=1000)
+    async with plain_fetcher(handler) as f:
+        tail, _ = await f.read_tail(ref, 100)
+        assert tail == old[-100:]
+        with pytest.raises(FileChangedError, match="table.parquet") as info:
+            await f.read(ref, 0, 100)
+    assert "changed" in str(info.value)
+    if flavour == "strong etag":  # the pinned strong ETag goes as If-Match
+        assert seen[1].headers["If-Match"] == '"v0"'
+
+
+async def test_a_size_change_without_validators_is_file_changed() -> None:
+    handler, _ = plain_server([os.urandom(1000), os.urandom(1200)], lambda v: {})
+    ref = FileRef(url=URL_FILE, path="table.parquet")
+    async with plain_fetcher(handler) as f:
+        await f.read_tail(ref, 100)
+        with pytest.raises(FileChangedError, match="size went from 1000 to 1200"):
+            await f.read(ref, 0, 100)
+
+
+async def test_a_file_served_with_no_validator_is_counted_and_logged(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    data = os.urandom(1000)
+    handler, _ = plain_server([data, data], lambda v: {})
+    ref = FileRef(url=URL_FILE, path="table.parquet", size=1000)
+    with caplog.at_level("WARNING", logger="aiostream_hf"):
+        async with plain_fetcher(handler) as f:
+            assert await f.read(ref, 0, 10) == data[:10]
+            assert await f.read(ref, 10, 20) == data[10:20]
+            stats = f.statistics()
+    assert stats.unvalidated_files == 1  # once per file, not per read
+    assert [r.getMessage() for r in caplog.records if "no ETag" in r.getMessage()] == [
+        "https://files.test/data/table.parquet is served with no ETag and no Last-Modified: "
+        "if it changes while it is read, the change cannot be detected"
+    ]
+
+
+async def test_a_cdn_that_ignores_if_match_cannot_mix_versions(fake: FakeHub) -> None:
+    """A Hub file whose CDN serves new bytes (with their own etag) after the first read."""
+    ref = fake.ref(BLOB)
+
+    async def replaced(request: httpx2.Request) -> httpx2.Response | None:
+        if request.url.host == "cdn.test" and len(fake.cdn) > 1:
+            return serve(os.urandom(1000), "new-version", request)  # no 412 for If-Match
+        return None
+
+    fake.override = replaced
+    async with make_fetcher(fake) as f:
+        await f.read_tail(ref, 64)
+        with pytest.raises(FileChangedError, match="blob.parquet"):
+            await f.read(ref, 0, 64)
+
+
+async def test_a_resume_with_a_weak_etag_is_checked_too() -> None:
+    """A cut body resumed from a server whose weak ETag changed: no half-old, half-new."""
+    old, new = os.urandom(1000), os.urandom(1000)
+    seen: list[httpx2.Request] = []
+
+    def handler(request: httpx2.Request) -> httpx2.Response:
+        seen.append(request)
+        if len(seen) == 1:
+            return httpx2.Response(
+                206,
+                headers={"Content-Range": "bytes 0-999/1000", "ETag": 'W/"a"'},
+                stream=CutStream(old[:400]),
+            )
+        start = int(request.headers["Range"].removeprefix("bytes=").partition("-")[0])
+        return httpx2.Response(
+            206,
+            headers={"Content-Range": f"bytes {start}-999/1000", "ETag": 'W/"b"'},
+            content=new[start:],
+        )
+
+    ref = FileRef(url=URL_FILE, path="table.parquet", size=1000)
+    got = bytearray()
+    async with plain_fetcher(handler) as f:
+        with pytest.raises(FileChangedError, match='W/"a"'):
+            async with f.iter_bytes(ref, block_size=100) as blocks:
+                async for block in blocks:
+                    got.extend(block)
+    assert bytes(got) == old[:400]
+    assert "If-Range" not in seen[1].headers  # a weak ETag cannot go in If-Range
+
+
+# -- stalls, unreachable hosts, long rate-limit waits ------------------------------------------
+
+
+class TrickleStream(httpx2.AsyncByteStream):
+    """A body of ``data`` sent one byte at a time, ``gap`` seconds apart."""
+
+    def __init__(self, data: bytes, gap: float) -> None:
+        self.data = data
+        self.gap = gap
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        for i in range(len(self.data)):
+            await anyio.sleep(self.gap)
+            yield self.data[i : i + 1]
+
+
+async def test_a_trickling_body_is_a_stall_and_is_given_up() -> None:
+    """Bytes keep coming (so no read timeout fires), but far under min_throughput."""
+    data = os.urandom(1000)
+    seen: list[httpx2.Request] = []
+
+    def handler(request: httpx2.Request) -> httpx2.Response:
+        seen.append(request)
+        start = int(request.headers["Range"].removeprefix("bytes=").partition("-")[0])
+        return httpx2.Response(
+            206,
+            headers={"Content-Range": f"bytes {start}-999/1000", "ETag": '"a"'},
+            stream=TrickleStream(data[start:], 0.02),
+        )
+
+    ref = FileRef(url=URL_FILE, path="table.parquet", size=1000)
+    options = {"timeout": 0.2, "min_throughput": 1000.0, "max_retries": 1}
+    async with plain_fetcher(handler, **options) as f:
+        with pytest.raises(RetriesExhaustedError, match="min_throughput") as info:
+            await f.read(ref, 0, 1000)
+        stats = f.statistics()
+    assert info.value.attempts == 2
+    assert stats.stalls == 2
+    assert len(seen) == 2
+    second_start = int(seen[1].headers["Range"].removeprefix("bytes=").partition("-")[0])
+    assert second_start > 0  # the retry resumed after the bytes received
+
+
+async def test_an_endpoint_that_refuses_connections_fails_fast() -> None:
+    with socket_port() as port:
+        url = f"http://127.0.0.1:{port}/datasets/org/name/resolve/main/a.parquet"
+    ref = FileRef(url=url, path="a.parquet", size=10)
+    options = StreamOptions(max_retries=8, backoff_base=5.0)  # the usual retries would wait
+    async with RangeFetcher(options, endpoint=f"http://127.0.0.1:{port}") as f:
+        with pytest.raises(UnreachableError, match="HF_ENDPOINT") as info:
+            await f.read(ref, 0, 10)
+        assert f.client.statistics().unreachable_hosts == 1
+    assert info.value.attempts == 2  # one quick retry, then the error
+
+
+async def test_a_host_that_answered_before_gets_the_usual_retries(fake: FakeHub) -> None:
+    async def refuse_later(request: httpx2.Request) -> httpx2.Response | None:
+        if request.url.host == "cdn.test" and len(fake.cdn) > 1:
+            raise httpx2.ConnectError("connection refused", request=request)
+        return None
+
+    fake.override = refuse_later
+    async with make_fetcher(fake, max_retries=3) as f:
+        await f.read(fake.ref(BLOB), 0, 10)
+        with pytest.raises(RetriesExhaustedError) as info:
+            await f.read(fake.ref(BLOB), 10, 20)
+    assert info.value.attempts == 4
+
+
+async def test_a_wait_longer_than_allowed_fails_at_once_and_says_until_when(
+    fake: FakeHub, caplog: pytest.LogCaptureFixture
+) -> None:
+    async def busy(request: httpx2.Request) -> httpx2.Response | None:
+        return httpx2.Response(
+            429, headers={"Retry-After": "86400", "RateLimit": '"resolvers";r=0;t=86400'}
+        )
+
+    fake.override = busy
+    with caplog.at_level("WARNING", logger="aiostream_hf"):
+        async with make_fetcher(fake, max_rate_limit_wait=60.0) as f:
+            with pytest.raises(RateLimitedError, match="max_rate_limit_wait") as info:
+                await f.read(fake.ref(BLOB), 0, 10)
+            client = f.client.statistics()
+    assert info.value.resume_at is not None
+    assert abs(info.value.resume_at - (time.time() + 86400)) < 600
+    assert len(fake.requests) == 1  # no second request: the wait was refused at once
+    assert (client.pauses, client.rate_limit_failures) == (1, 1)
+    warned = [r.getMessage() for r in caplog.records if "rate-limited us" in r.getMessage()]
+    assert len(warned) == 1
+    assert 'bucket "resolvers"' in warned[0]
+    assert "hub.test:443" in warned[0]
