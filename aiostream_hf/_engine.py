@@ -53,6 +53,7 @@ __all__ = [
     "open_readers",
     "rank_share",
     "shuffle_buffer_size",
+    "state_int",
 ]
 
 T = TypeVar("T")
@@ -150,9 +151,34 @@ class ShuffleBuffer(Generic[T]):
 
 
 def as_rng_state(state: Any) -> tuple[Any, ...]:
-    """random.Random state, also after a JSON round trip (lists instead of tuples)."""
-    version, internal, gauss = state
-    return (version, tuple(internal), gauss)
+    """random.Random state, also after a JSON round trip (lists instead of tuples);
+    anything else (a tampered or truncated state) is a ``SourceError``."""
+    try:
+        version, internal, gauss = state
+        rng_state = (version, tuple(internal), gauss)
+        random.Random().setstate(rng_state)  # checks every field
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise SourceError(
+            f"state's shuffle RNG state is not one random.Random gave ({type(exc).__name__}: "
+            f"{exc}): load a state_dict() saved by this kind of stream"
+        ) from exc
+    return rng_state
+
+
+def state_int(
+    state: Mapping[str, Any], key: str, *, where: str = "state", optional: bool = False
+) -> int | None:
+    """``state[key]`` as an int >= 0 (None when ``optional`` and missing or None), else
+    a ``SourceError`` naming the field."""
+    value = state.get(key)
+    if value is None and optional:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise SourceError(
+            f"{where}[{key!r}] is {value!r}, not a whole number >= 0: load a state_dict() "
+            "saved by this kind of stream, unchanged"
+        )
+    return value
 
 
 def check_state(
@@ -176,6 +202,7 @@ def check_state(
                 f"state was saved with {key}={state.get(key)!r} but this stream has "
                 f"{key}={mine!r}: resume with the same arguments"
             )
+    state_int(state, "epoch")
 
 
 # -- what a stream reads with --------------------------------------------------------------

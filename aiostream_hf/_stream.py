@@ -15,7 +15,14 @@ import itertools
 import os
 import random
 from collections import deque
-from collections.abc import AsyncGenerator, AsyncIterator, Iterator, Mapping, Sequence
+from collections.abc import (
+    AsyncGenerator,
+    AsyncIterator,
+    Callable,
+    Iterator,
+    Mapping,
+    Sequence,
+)
 from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any, Literal
@@ -30,12 +37,14 @@ from ._engine import (
     Engine,
     EngineStatistics,
     ShuffleBuffer,
+    as_rng_state,
     check_state,
     epoch_order,
     rank_share,
     shuffle_buffer_size,
+    state_int,
 )
-from ._exceptions import SourceError
+from ._exceptions import DecodeError, SourceError
 from ._fetcher import RangeFetcher
 from ._models import FileRef, Manifest
 from ._options import StreamOptions
@@ -190,7 +199,11 @@ class Stream(Engine["tuple[_Tag, Any]"]):
         self._config = config
         self._data_files = data_files
         self._format = format
-        self._request = ReadRequest(tuple(columns) if columns else None, filter)
+        self._request = ReadRequest(
+            tuple(columns) if columns else None,
+            filter,
+            verify_checksums=self._options.verify_checksums,
+        )
         self._batch_size = batch_size
         self._output: Output = output
         self._manifest: Manifest | None = None
@@ -249,15 +262,18 @@ class Stream(Engine["tuple[_Tag, Any]"]):
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Continue, on the next iteration, exactly where ``state`` was taken."""
+        if not isinstance(state, Mapping):
+            raise SourceError(f"state is a {type(state).__name__}, not a state_dict() (a dict)")
         check_state(
             state,
             version=_STATE_VERSION,
             kind=None,
             same={"seed": self._seed, "rank": self._rank, "world_size": self._world_size},
         )
+        _check_cursor(state, self._shuffle_buffer)
         self._epoch = int(state["epoch"])
         self._resume = dict(state)
-        self._samples = int(state.get("samples", 0))
+        self._samples = int(state.get("samples") or 0)
 
     # -- the pipeline --------------------------------------------------------
 
@@ -517,7 +533,7 @@ class Stream(Engine["tuple[_Tag, Any]"]):
         last = len(payload) - 1
         if last < 0:
             self._advance(tag, 0, True)
-        for i, row in enumerate(_rows(payload)):
+        for i, row in enumerate(_rows(payload, partial(self._unit_name, tag))):
             self._advance(tag, i + 1, i == last)
             if shuffle is not None:
                 out = shuffle.push(row)
@@ -543,10 +559,12 @@ class Stream(Engine["tuple[_Tag, Any]"]):
     def _take(self, pending: deque[list[Any]], n: int) -> Any:
         """The next n rows across the pending tables, as one batch; advances the cursor."""
         pieces: list[pa.Table] = []
+        tags: list[_Tag] = []
         while n:
             tag, table, taken = pending[0]
             k = min(n, table.num_rows - taken)
             pieces.append(table.slice(taken, k))
+            tags.append(tag)
             taken += k
             n -= k
             done = taken == table.num_rows
@@ -559,7 +577,22 @@ class Stream(Engine["tuple[_Tag, Any]"]):
         self._samples += batch.num_rows
         if self._output == "arrow":
             return batch.combine_chunks().to_batches()[0]
-        return batch.to_pydict()
+        try:
+            return batch.to_pydict()
+        except (ValueError, OverflowError) as exc:  # UnicodeDecodeError is a ValueError
+            names = " or ".join(dict.fromkeys(self._unit_name(tag) for tag in tags))
+            raise _conversion_error(names, exc) from exc
+
+    def _unit_name(self, tag: _Tag, start: int | None = None) -> str:
+        """The file (and row group, and rows) of a loaded unit, for an error message."""
+        files = self._files_order
+        name = files[tag.file].url if files is not None and tag.file < len(files) else "a file"
+        if tag.chunk is None:
+            name += f", row group {tag.unit}"
+            if start is not None:
+                end = start + _ROWS_PER_CONVERSION
+                name += f" (rows {tag.offset + start}-{tag.offset + end - 1})"
+        return name
 
 
 class _UnitSizes:
@@ -601,6 +634,39 @@ class _Tag:
     next_file_seq: int | None = None  # the file_seq of the next file, on a file's last unit
 
 
+def _check_cursor(state: Mapping[str, Any], shuffle_buffer: int) -> None:
+    """Every field of a Parquet/TAR stream's state, checked before any is used: a
+    tampered state is a ``SourceError`` naming the field, never an IndexError later."""
+    state_int(state, "samples", optional=True)
+    files = state_int(state, "files", optional=True)
+    cursor = state.get("cursor")
+    if cursor is not None:
+        if not isinstance(cursor, Mapping):
+            raise SourceError(f"state['cursor'] is {cursor!r}, not a mapping or None")
+        where = "state['cursor']"
+        for key in ("file", "unit", "row", "file_seq"):
+            state_int(cursor, key, where=where)
+        for key in ("offset", "skip"):
+            state_int(cursor, key, where=where, optional=True)
+        if not isinstance(cursor.get("done"), bool):
+            raise SourceError(f"{where}['done'] is {cursor.get('done')!r}, not True or False")
+        if files is not None and cursor["file"] > files:
+            raise SourceError(
+                f"{where}['file'] is {cursor['file']}, past the {files} files the state was "
+                "saved over: load a state_dict() of this stream, unchanged"
+            )
+    buffer = state.get("buffer")
+    if buffer is not None and not isinstance(buffer, list):
+        raise SourceError(f"state['buffer'] is a {type(buffer).__name__}, not a list")
+    if buffer and len(buffer) > shuffle_buffer:
+        raise SourceError(
+            f"state['buffer'] holds {len(buffer)} samples, more than this stream's shuffle "
+            f"buffer ({shuffle_buffer}): resume with the same shuffle="
+        )
+    if state.get("rng") is not None:
+        as_rng_state(state["rng"])
+
+
 def _sequential(decoders: Any) -> SequentialDecoder[Any] | None:
     """The one sequential decoder of a stream's files, None if they have none."""
     found = {id(d): d for d in decoders}
@@ -618,14 +684,31 @@ def _sequential(decoders: Any) -> SequentialDecoder[Any] | None:
 _ROWS_PER_CONVERSION = 1024
 
 
-def _rows(payload: pa.Table | list[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+def _rows(
+    payload: pa.Table | list[dict[str, Any]], name: Callable[[int], str]
+) -> Iterator[dict[str, Any]]:
     """The dict rows of a loaded unit; a table is converted a slice at a time, so
-    Python objects exist for the rows being taken, not for the whole readahead."""
+    Python objects exist for the rows being taken, not for the whole readahead.
+    ``name(start)`` names the unit and its rows from ``start`` in an error."""
     if isinstance(payload, list):
         yield from payload
         return
     for start in range(0, payload.num_rows, _ROWS_PER_CONVERSION):
-        yield from payload.slice(start, _ROWS_PER_CONVERSION).to_pylist()
+        try:
+            rows = payload.slice(start, _ROWS_PER_CONVERSION).to_pylist()
+        except (ValueError, OverflowError) as exc:  # UnicodeDecodeError is a ValueError
+            raise _conversion_error(name(start), exc) from exc
+        yield from rows
+
+
+def _conversion_error(where: str, exc: Exception) -> DecodeError:
+    """A value Arrow holds that Python cannot (invalid UTF-8 in a string column, a
+    timestamp outside ``datetime``'s range): named, with the way to read it anyway."""
+    return DecodeError(
+        f"{where}: a value cannot be converted to Python ({type(exc).__name__}: {exc}); "
+        "the file is corrupt, or holds values Python cannot represent: read it with "
+        "output='arrow' to get the Arrow values as they are"
+    )
 
 
 def _held_bytes(loaded: tuple[_Tag, pa.Table]) -> int:

@@ -227,3 +227,41 @@ async def test_a_loaded_state_is_reported_until_the_pipeline_takes_it_up(
         async with again:
             rest = await _take(again, None)
         assert len(rest) == 60 + 70 + 80 + 90 - 30
+
+
+# -- a tampered state is refused field by field -------------------------------------------
+
+_GOOD_CURSOR = {"file": 1, "unit": 0, "row": 3, "done": False, "file_seq": 1}
+
+
+@pytest.mark.parametrize(
+    ("change", "named"),
+    [
+        ({"epoch": -1}, "'epoch'"),
+        ({"epoch": "1"}, "'epoch'"),
+        ({"files": 2.5}, "'files'"),
+        ({"samples": -3}, "'samples'"),
+        ({"cursor": [1, 0, 3]}, "state['cursor']"),
+        ({"cursor": {**_GOOD_CURSOR, "file": "1"}}, "['file']"),
+        ({"cursor": {**_GOOD_CURSOR, "file": 10**12}}, "past the 4 files"),
+        ({"cursor": {**_GOOD_CURSOR, "row": -1}}, "['row']"),
+        ({"cursor": {k: v for k, v in _GOOD_CURSOR.items() if k != "unit"}}, "['unit']"),
+        ({"cursor": {**_GOOD_CURSOR, "done": "no"}}, "['done']"),
+        ({"cursor": {**_GOOD_CURSOR, "offset": -5}}, "['offset']"),
+        ({"buffer": "abc"}, "state['buffer']"),
+        ({"buffer": list(range(100))}, "more than this stream's shuffle buffer"),
+        ({"rng": [3, [1, 2, 3], None]}, "RNG state"),
+        ({"rng": "x"}, "RNG state"),
+    ],
+)
+def test_a_tampered_state_is_refused_naming_the_field(
+    tmp_path: Path, change: dict[str, Any], named: str
+) -> None:
+    path = tmp_path / "t.parquet"
+    make_text_parquet(path, rows=10, row_group_size=5)
+    good = ash.stream(str(path), shuffle=10).state_dict()
+    good.update(files=4, cursor=dict(_GOOD_CURSOR))
+    ash.stream(str(path), shuffle=10).load_state_dict(json.loads(json.dumps(good)))  # loads
+    with pytest.raises(ash.SourceError) as info:
+        ash.stream(str(path), shuffle=10).load_state_dict({**good, **change})
+    assert named in str(info.value)
