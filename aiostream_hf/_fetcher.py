@@ -229,6 +229,7 @@ class RangeFetcher:
         # a CDN may label a file otherwise than the Hub does, so each is pinned apart.
         self._versions: dict[tuple[str, bool], Version] = {}
         self._unvalidated = 0
+        self._local_versions: dict[str, _LocalVersion] = {}
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -307,9 +308,10 @@ class RangeFetcher:
         path = _local_path(file.url)
         if path is not None:
             self._requests["local"] += 1
-            data, size = await anyio.to_thread.run_sync(
+            data, size, seen = await anyio.to_thread.run_sync(
                 _pread_tail, file, path, n, limiter=self._limiter
             )
+            self._check_local_version(file, seen)
             self._bytes_received += len(data)
             return data, size
         if file.size is not None:
@@ -406,11 +408,24 @@ class RangeFetcher:
         self, file: FileRef, path: str, spans: list[tuple[int, int]]
     ) -> list[bytes]:
         self._requests["local"] += 1
-        data = await anyio.to_thread.run_sync(
+        data, seen = await anyio.to_thread.run_sync(
             _pread_ranges, file, path, spans, limiter=self._limiter
         )
+        self._check_local_version(file, seen)
         self._bytes_received += sum(len(d) for d in data)
         return data
+
+    def _check_local_version(self, file: FileRef, seen: _LocalVersion) -> None:
+        """A local file is pinned at its first read by (device, inode, size, mtime):
+        replaced or rewritten in place since, it is ``FileChangedError``."""
+        pinned = self._local_versions.setdefault(file.url, seen)
+        if pinned != seen:
+            raise FileChangedError(
+                f"{file.path}: the file changed while it was read (replaced, or written "
+                f"since its first read: {_describe_local(pinned, seen)}); read it again "
+                f"({file.url})",
+                url=file.url,
+            )
 
     # -- redirect cache and singleflight (plain synchronous state) -------------------------
 
@@ -1166,9 +1181,10 @@ class _LocalTransfer:
             return None
         f._requests["local"] += 1
         stop = None if self.end is None else min(self.end, self.pos + self.block)
-        data, size = await anyio.to_thread.run_sync(
+        data, size, seen = await anyio.to_thread.run_sync(
             _pread_block, self.file, self.path, self.pos, stop, self.block, limiter=f._limiter
         )
+        f._check_local_version(self.file, seen)
         if self.end is None:
             self.end = size
         if not data:
@@ -1205,15 +1221,27 @@ def _open_local(file: FileRef, path: str) -> int:
     return fd
 
 
-def _local_size(file: FileRef, fd: int) -> int:
-    size = os.fstat(fd).st_size
+_LocalVersion = tuple[int, int, int, int]  # st_dev, st_ino, st_size, st_mtime_ns
+
+
+def _local_size(file: FileRef, fd: int) -> tuple[int, _LocalVersion]:
+    st = os.fstat(fd)
+    size = st.st_size
     if file.size is not None and size != file.size:
         raise FileChangedError(
             f"{file.path}: the file changed: it has {size} bytes, "
             f"expected {file.size} ({file.url})",
             url=file.url,
         )
-    return size
+    return size, (st.st_dev, st.st_ino, size, st.st_mtime_ns)
+
+
+def _describe_local(pinned: _LocalVersion, seen: _LocalVersion) -> str:
+    if pinned[:2] != seen[:2]:
+        return "another file is at its path now"
+    if pinned[2] != seen[2]:
+        return f"its size went from {pinned[2]} to {seen[2]} bytes"
+    return "its modification time changed"
 
 
 def _pread_exact(file: FileRef, fd: int, start: int, end: int) -> bytes:
@@ -1231,43 +1259,45 @@ def _pread_exact(file: FileRef, fd: int, start: int, end: int) -> bytes:
     return b"".join(parts)
 
 
-def _pread_ranges(file: FileRef, path: str, spans: list[tuple[int, int]]) -> list[bytes]:
+def _pread_ranges(
+    file: FileRef, path: str, spans: list[tuple[int, int]]
+) -> tuple[list[bytes], _LocalVersion]:
     fd = _open_local(file, path)
     try:
-        size = _local_size(file, fd)
+        size, version = _local_size(file, fd)
         for s, e in spans:
             if e > size:
                 raise FetchError(
                     f"{file.path}: bytes {s}-{e - 1} asked, the file has {size} ({file.url})",
                     url=file.url,
                 )
-        return [_pread_exact(file, fd, s, e) for s, e in spans]
+        return [_pread_exact(file, fd, s, e) for s, e in spans], version
     finally:
         os.close(fd)
 
 
-def _pread_tail(file: FileRef, path: str, n: int) -> tuple[bytes, int]:
+def _pread_tail(file: FileRef, path: str, n: int) -> tuple[bytes, int, _LocalVersion]:
     fd = _open_local(file, path)
     try:
-        size = _local_size(file, fd)
-        return _pread_exact(file, fd, max(0, size - n), size), size
+        size, version = _local_size(file, fd)
+        return _pread_exact(file, fd, max(0, size - n), size), size, version
     finally:
         os.close(fd)
 
 
 def _pread_block(
     file: FileRef, path: str, start: int, stop: int | None, block: int
-) -> tuple[bytes, int]:
+) -> tuple[bytes, int, _LocalVersion]:
     fd = _open_local(file, path)
     try:
-        size = _local_size(file, fd)
+        size, version = _local_size(file, fd)
         end = min(size, start + block) if stop is None else stop
         if end > size:
             raise FileChangedError(
                 f"{file.path}: the file has {size} bytes, fewer than the {end} wanted ({file.url})",
                 url=file.url,
             )
-        return _pread_exact(file, fd, start, end), size
+        return _pread_exact(file, fd, start, end), size, version
     finally:
         os.close(fd)
 

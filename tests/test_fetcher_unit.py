@@ -1160,3 +1160,20 @@ async def test_a_wait_longer_than_allowed_fails_at_once_and_says_until_when(
     assert len(warned) == 1
     assert 'bucket "resolvers"' in warned[0]
     assert "hub.test:443" in warned[0]
+
+
+async def test_a_local_file_replaced_between_two_reads_is_file_changed(tmp_path: Path) -> None:
+    path = tmp_path / "t.bin"
+    path.write_bytes(os.urandom(1000))
+    ref = FileRef(url=path.as_uri(), path="t.bin", size=1000)
+    async with RangeFetcher(StreamOptions(), endpoint=HUB) as f:
+        await f.read_tail(ref, 10)
+        replacement = tmp_path / "new.bin"
+        replacement.write_bytes(os.urandom(1000))  # the same size, other bytes
+        os.replace(replacement, path)
+        with pytest.raises(FileChangedError, match="another file is at its path"):
+            await f.read(ref, 0, 10)
+        with pytest.raises(FileChangedError):
+            async with f.iter_bytes(ref, block_size=100) as blocks:
+                async for _ in blocks:
+                    pass
