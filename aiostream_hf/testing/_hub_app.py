@@ -16,15 +16,26 @@ import json
 import os
 import threading
 import time
-from collections.abc import Awaitable, Callable, Mapping, MutableMapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any
+from email.utils import formatdate
+from typing import Any, Literal
 from urllib.parse import parse_qs, quote, unquote, urlencode
 
 import yaml
 
-from ._faults import FaultDecision, FaultInjector, Faults, RateDecision, RateLimiter, RateLimits
+from ._faults import (
+    INVERT,
+    REPLACEMENT_FILL,
+    ByteBucket,
+    FaultDecision,
+    FaultInjector,
+    Faults,
+    RateDecision,
+    RateLimiter,
+    RateLimits,
+)
 from ._repos import RefSnapshot, RepoFile, RepoStore
 
 __all__ = ["AccessRules", "DeliberateCut", "HubApp", "HubStats"]
@@ -137,18 +148,50 @@ class _Counters:
             )
 
 
+@dataclass(frozen=True)
+class _Content:
+    """The bytes served for a file: as on disk, or a hostile variant of them.
+
+    Read from disk at every request (nothing is cached but the hashes of the
+    variants), so a file changed on disk is served changed at once.
+    """
+
+    file: RepoFile
+    size: int
+    kind: Literal["disk", "replaced", "padded"] = "disk"
+
+    def chunks(self, start: int, length: int) -> Iterator[bytes]:
+        end = min(start + length, self.size)
+        pos = start
+        disk_end = min(end, self.file.size)
+        if pos < disk_end:
+            with self.file.disk_path.open("rb") as fh:
+                fh.seek(pos)
+                while pos < disk_end:
+                    chunk = fh.read(min(_CHUNK, disk_end - pos))
+                    if not chunk:
+                        raise DeliberateCut("file shrank on disk while it was served")
+                    pos += len(chunk)
+                    yield chunk.translate(INVERT) if self.kind == "replaced" else chunk
+        fill = REPLACEMENT_FILL if self.kind == "replaced" else b"\n"
+        while pos < end:
+            n = min(_CHUNK, end - pos)
+            yield fill * n
+            pos += n
+
+
 @dataclass
 class _Response:
     status: int
     headers: dict[str, str] = field(default_factory=dict)
     body: bytes = b""
-    file: RepoFile | None = None  # body from disk: file[start:start+length]
+    content: _Content | None = None  # body from a file: content[start:start+length]
     start: int = 0
     length: int = 0
 
     @property
     def body_length(self) -> int:
-        return self.length if self.file is not None else len(self.body)
+        return self.length if self.content is not None else len(self.body)
 
 
 def _json(status: int, data: Any, headers: Mapping[str, str] | None = None) -> _Response:
@@ -236,6 +279,8 @@ class HubApp:
         self.cdn_url_ttl_s = cdn_url_ttl_s
         self.secret = secret or os.urandom(16)
         self.counters = _Counters()
+        self._variant_lock = threading.Lock()
+        self._variant_hashes: dict[tuple[str, str, int], tuple[str, str]] = {}
         self._bandwidth_lock = threading.Lock()
         self._bandwidth_next = 0.0
 
@@ -252,7 +297,8 @@ class HubApp:
 
         if path.startswith("/_emulator/"):
             body = await _read_body(receive)
-            await self._send(send, method, self._control(method, path, body), FaultDecision())
+            response = self._control(method, path, body)
+            await self._send(send, receive, method, response, FaultDecision())
             return
 
         is_cdn = scope["server"] is not None and scope["server"][1] == self.cdn_port
@@ -295,8 +341,17 @@ class HubApp:
                 )
                 self._count_fault("error")
                 endpoint = "injected_error"
+            elif decision.redirect_loop:
+                query_string = scope.get("query_string", b"").decode("latin-1")
+                here = f"{self.cdn_url if is_cdn else self.hub_url}{path}"
+                response = _Response(
+                    302, {"Location": f"{here}?{query_string}" if query_string else here}
+                )
+                self._count_fault("redirect_loop")
+                endpoint = "redirect_loop"
             else:
                 endpoint, response = self._route(method, path, query, headers, body, token, is_cdn)
+                self._pad_api(bucket, endpoint, response)
             if rate is not None:
                 response.headers["RateLimit"] = f'"{bucket}";r={rate.remaining};t={rate.reset_s}'
                 response.headers["RateLimit-Policy"] = (
@@ -305,7 +360,7 @@ class HubApp:
             with c.lock:
                 c.bump(c.by_endpoint, endpoint)
                 c.bump(c.by_status, response.status)
-            await self._send(send, method, response, decision)
+            await self._send(send, receive, method, response, decision)
         finally:
             with c.lock:
                 c.concurrent -= 1
@@ -314,12 +369,37 @@ class HubApp:
         with self.counters.lock:
             self.counters.bump(self.counters.faults, kind)
 
+    def _pad_api(self, bucket: str, endpoint: str, response: _Response) -> None:
+        """Oversized API answers: trailing spaces (valid JSON) up to ``pad_api_bytes``."""
+        faults = self.injector.faults
+        target = faults.pad_api_bytes
+        if (
+            target is None
+            or bucket != "api"
+            or response.status != 200
+            or endpoint not in faults.pad_api_endpoints
+            or len(response.body) >= target
+        ):
+            return
+        response.body += b" " * (target - len(response.body))
+        self._count_fault("padded_api")
+
     async def _send(
-        self, send: Send, method: str, response: _Response, decision: FaultDecision
+        self,
+        send: Send,
+        receive: Receive,
+        method: str,
+        response: _Response,
+        decision: FaultDecision,
     ) -> None:
+        faults = self.injector.faults
         length = response.body_length
+        announced = length
+        if decision.length_lie:
+            announced = max(0, length + faults.length_lie_bytes)
+            self._count_fault("length_lie")
         headers = dict(response.headers)
-        headers.setdefault("Content-Length", str(length))
+        headers.setdefault("Content-Length", str(announced))
         await send(
             {
                 "type": "http.response.start",
@@ -327,25 +407,34 @@ class HubApp:
                 "headers": [(k.lower().encode(), v.encode("latin-1")) for k, v in headers.items()],
             }
         )
-        if method == "HEAD" or length == 0:
+        if method == "HEAD" or announced == 0:
             await send({"type": "http.response.body", "body": b""})
             return
-        faults = self.injector.faults
         if decision.slow_first_byte:
             self._count_fault("slow_first_byte")
             await asyncio.sleep(faults.slow_first_byte_ms / 1000)
-        limit = int(length * faults.cut_fraction) if decision.cut else length
+        full = min(length, announced)  # an under-announcing lie sends what it announced
+        limit = int(full * faults.cut_fraction) if decision.cut else full
+        piece = faults.trickle_bytes if decision.trickle else 0
+        if piece:
+            self._count_fault("trickle")
         started = time.monotonic()
         sent = 0
         for chunk in _chunks(response, limit):
-            await send({"type": "http.response.body", "body": chunk, "more_body": True})
-            sent += len(chunk)
-            with self.counters.lock:
-                self.counters.bytes_served += len(chunk)
-            await self._pace(len(chunk), sent, started, faults)
+            for part in _split(chunk, piece):
+                await send({"type": "http.response.body", "body": part, "more_body": True})
+                sent += len(part)
+                with self.counters.lock:
+                    self.counters.bytes_served += len(part)
+                if not piece:
+                    await self._pace(len(part), sent, started, faults)
+                elif await _client_gone(receive, faults.trickle_interval_ms / 1000):
+                    return  # a trickle lasts as long as its client waits
         if decision.cut:
             self._count_fault("cut")
             raise DeliberateCut(f"injected cut after {sent} of {length} bytes")
+        if sent < announced:
+            raise DeliberateCut(f"Content-Length said {announced}: closed after {sent} bytes")
         await send({"type": "http.response.body", "body": b""})
 
     async def _pace(self, n: int, sent: int, started: float, faults: Faults) -> None:
@@ -457,6 +546,11 @@ class HubApp:
                         "pointerSize": _LFS_POINTER_SIZE,
                     }
             siblings.append(entry)
+        for hostile in self._hostile_entries():
+            entry = {"rfilename": hostile["path"]}
+            if blobs:
+                entry.update(size=hostile["size"], blobId=hostile["oid"])
+            siblings.append(entry)
         org = repo_id.split("/")[0]
         data: dict[str, Any] = {
             "_id": hashlib.sha1(repo_id.encode()).hexdigest()[:24],
@@ -479,7 +573,15 @@ class HubApp:
             data["cardData"] = card
         return _json(200, data)
 
-    def _entry(self, snap: RefSnapshot, item: RepoFile | str, expand: bool) -> dict[str, Any]:
+    def _hostile_entries(self) -> list[dict[str, Any]]:
+        """Tree entries with the hostile paths of ``Faults.hostile_tree_paths``."""
+        return [_made_up_entry(p) for p in self.injector.faults.hostile_tree_paths]
+
+    def _entry(
+        self, snap: RefSnapshot, item: RepoFile | str | dict[str, Any], expand: bool
+    ) -> dict[str, Any]:
+        if isinstance(item, dict):
+            return item
         if isinstance(item, str):
             entry: dict[str, Any] = {
                 "type": "directory",
@@ -523,16 +625,25 @@ class HubApp:
             )
         recursive = query.get("recursive", ["false"])[-1].lower() == "true"
         expand = query.get("expand", ["false"])[-1].lower() == "true"
-        entries = snap.entries(sub, recursive=recursive)
+        entries: list[RepoFile | str | dict[str, Any]] = [
+            *snap.entries(sub, recursive=recursive),
+            *self._hostile_entries(),
+        ]
         size = self.tree_page_size_expand if expand else self.tree_page_size
         cursor = query.get("cursor", [""])[-1]
         try:
             offset = int(base64.urlsafe_b64decode(cursor.encode()).decode()) if cursor else 0
         except ValueError:
             return _error(400, None, f"invalid cursor {cursor!r}")
-        page = entries[offset : offset + size]
+        if offset < 0:
+            return _error(400, None, f"invalid cursor {cursor!r}")
+        endless = self.injector.faults.endless_pages
+        if offset < len(entries) or endless is None:
+            page = [self._entry(snap, e, expand) for e in entries[offset : offset + size]]
+        else:
+            page = self._endless_page(snap, entries, offset, size, sub, expand)
         headers: dict[str, str] = {}
-        if offset + size < len(entries):
+        if offset + size < len(entries) or endless is not None:
             next_cursor = base64.urlsafe_b64encode(str(offset + size).encode()).decode()
             params = {k: v[-1] for k, v in query.items() if k != "cursor"}
             params["cursor"] = next_cursor
@@ -540,7 +651,29 @@ class HubApp:
             sub_q = "/" + quote(sub, safe="") if sub else ""
             url = f"{self.hub_url}/api/datasets/{repo_id}/tree/{rev_q}{sub_q}?{urlencode(params)}"
             headers["Link"] = f'<{url}>; rel="next"'
-        return _json(200, [self._entry(snap, e, expand) for e in page], headers)
+        return _json(200, page, headers)
+
+    def _endless_page(
+        self,
+        snap: RefSnapshot,
+        entries: Sequence[RepoFile | str | dict[str, Any]],
+        offset: int,
+        size: int,
+        sub: str,
+        expand: bool,
+    ) -> list[dict[str, Any]]:
+        """A page past the end of a listing that never ends (``Faults.endless_pages``)."""
+        self._count_fault("endless_page")
+        mode = self.injector.faults.endless_pages
+        if mode == "fresh":
+            prefix = f"{sub}/" if sub else ""
+            return [_made_up_entry(f"{prefix}endless-{offset + i:09d}.txt") for i in range(size)]
+        if mode == "empty" or not entries:
+            return []
+        # "repeat": the pages start over from the first one.
+        real_end = -(-len(entries) // size) * size
+        start = (offset - real_end) % real_end
+        return [self._entry(snap, e, expand) for e in entries[start : start + size]]
 
     def _paths_info(
         self,
@@ -565,7 +698,11 @@ class HubApp:
         except (ValueError, AttributeError) as exc:
             return _error(400, None, f"paths-info: malformed body: {exc}")
         found: list[dict[str, Any]] = []
+        hostile = {e["path"]: e for e in self._hostile_entries()}
         for p in paths:
+            if p in hostile:
+                found.append(hostile[p])
+                continue
             p = p.strip("/")
             if p in snap.files:
                 found.append(self._entry(snap, snap.files[p], expand))
@@ -613,18 +750,124 @@ class HubApp:
         if f is None:
             return _error(404, "EntryNotFound", f"Entry not found: {path}", **commit)
         if f.lfs:
+            # The Hub describes what the CDN serves next (a replaced file, say).
+            linked = self._content(repo_id, f, count=False)
+            etag = self._etag(linked)
             return _Response(
                 302,
                 {
                     **commit,
                     "Location": self.sign_cdn_url(snap, f),
-                    "X-Linked-Etag": f'"{f.sha256}"',
-                    "X-Linked-Size": str(f.size),
-                    "ETag": f'"{f.sha256}"',
+                    "X-Linked-Etag": f'"{etag}"',
+                    "X-Linked-Size": str(linked.size),
+                    "ETag": f'"{etag}"',
                     "Accept-Ranges": "bytes",
                 },
             )
-        return _serve_file(f, headers, {**commit, "ETag": f'"{f.oid}"'})
+        content = self._content(repo_id, f, count=True)
+        return self._serve("resolvers", content, headers, commit)
+
+    # -- the bytes of a file -------------------------------------------------
+
+    def _content(self, repo_id: str, f: RepoFile, *, count: bool) -> _Content:
+        """What is served for a file now; ``count``: this request serves it."""
+        faults = self.injector.faults
+        if self.injector.replaced(repo_id, f.path, count=count):
+            if count:
+                self._count_fault("replaced")
+            size = f.size if faults.replace_size is None else faults.replace_size
+            return _Content(f, size, "replaced")
+        pad = faults.pad_text_bytes
+        if (
+            pad is not None
+            and f.size < pad
+            and f.path in {p.strip("/") for p in faults.pad_text_paths}
+        ):
+            if count:
+                self._count_fault("padded_text")
+            return _Content(f, pad, "padded")
+        return _Content(f, f.size)
+
+    def _etag(self, content: _Content) -> str:
+        """The ETag value of what is served: sha256 for LFS files, git oid otherwise."""
+        f = content.file
+        if content.kind == "disk" or (
+            content.kind == "replaced" and self.injector.faults.replace_keeps_etag
+        ):
+            return f.etag  # a lying CDN: other bytes under the old ETag
+        key = (f.oid, content.kind, content.size)
+        with self._variant_lock:
+            found = self._variant_hashes.get(key)
+        if found is None:
+            git = hashlib.sha1(f"blob {content.size}\0".encode())
+            sha = hashlib.sha256()
+            for chunk in content.chunks(0, content.size):
+                git.update(chunk)
+                sha.update(chunk)
+            found = (git.hexdigest(), sha.hexdigest())
+            with self._variant_lock:
+                if len(self._variant_hashes) >= 256:  # bounded
+                    self._variant_hashes.clear()
+                self._variant_hashes[key] = found
+        return found[1] if f.lfs else found[0]
+
+    def _serve(
+        self,
+        bucket: ByteBucket,
+        content: _Content,
+        headers: Mapping[str, str],
+        extra: Mapping[str, str],
+        *,
+        gone: bool = False,
+    ) -> _Response:
+        """An answer with a file's bytes: validators, If-Match, If-Range and Range."""
+        faults = self.injector.faults
+        style = faults.etag_style if bucket in faults.etag_targets else "strong"
+        etag = self._etag(content)
+        validators: dict[str, str] = {}
+        if style == "strong":
+            validators["ETag"] = f'"{etag}"'
+        elif style == "weak":
+            validators["ETag"] = f'W/"{etag}"'
+        if faults.last_modified or bucket not in faults.etag_targets:
+            validators["Last-Modified"] = formatdate(_mtime(content), usegmt=True)
+        strong = etag if style == "strong" else None
+        conditional = style != "none"  # a server without validators ignores conditions
+        if_match = headers.get("if-match")
+        if (
+            if_match is not None
+            and conditional
+            and bucket not in faults.ignore_if_match
+            and not _if_match(if_match, strong)
+        ):
+            return _Response(412, {**extra, **validators}, b"<Error>PreconditionFailed</Error>")
+        if gone:
+            # The signed blob was replaced on disk: a content-addressed CDN would not have it.
+            return _Response(410, {**extra, **validators}, b"<Error>BlobGone</Error>")
+        base = {
+            **extra,
+            **validators,
+            "Accept-Ranges": "bytes",
+            "Content-Type": "application/octet-stream",
+        }
+        if_range = headers.get("if-range")
+        range_header = headers.get("range")
+        if range_header is not None and (
+            if_range is None or not conditional or _strong_match(if_range, strong)
+        ):
+            r = _parse_range(range_header, content.size)
+            if r == "unsatisfiable":
+                return _Response(416, {**base, "Content-Range": f"bytes */{content.size}"})
+            if isinstance(r, tuple):
+                start, end = r
+                return _Response(
+                    206,
+                    {**base, "Content-Range": f"bytes {start}-{end - 1}/{content.size}"},
+                    content=content,
+                    start=start,
+                    length=end - start,
+                )
+        return _Response(200, base, content=content, start=0, length=content.size)
 
     # -- CDN -----------------------------------------------------------------
 
@@ -667,57 +910,72 @@ class HubApp:
         f = snap.files.get(params["path"]) if snap is not None else None
         if f is None:
             return _Response(404, {"Content-Type": "application/xml"}, b"<Error>NoSuchKey</Error>")
-        etag = f'"{f.sha256}"'
-        if_match = headers.get("if-match")
-        if if_match is not None and not _etag_matches(if_match, f.sha256):
-            return _Response(412, {"ETag": etag}, b"<Error>PreconditionFailed</Error>")
-        if f.sha256 != parts[4]:
-            # The signed blob was replaced: a content-addressed CDN would not have it.
-            return _Response(410, {"ETag": etag}, b"<Error>BlobGone</Error>")
-        return _serve_file(f, headers, {"ETag": etag})
+        content = self._content(repo_id, f, count=True)
+        return self._serve("cdn", content, headers, {}, gone=f.sha256 != parts[4])
 
 
-def _serve_file(f: RepoFile, headers: Mapping[str, str], extra: Mapping[str, str]) -> _Response:
-    base = {**extra, "Accept-Ranges": "bytes", "Content-Type": "application/octet-stream"}
-    if_range = headers.get("if-range")
-    range_header = headers.get("range")
-    if range_header is not None and (
-        if_range is None or _etag_matches(if_range, extra["ETag"].strip('"'))
-    ):
-        r = _parse_range(range_header, f.size)
-        if r == "unsatisfiable":
-            return _Response(416, {**base, "Content-Range": f"bytes */{f.size}"})
-        if isinstance(r, tuple):
-            start, end = r
-            return _Response(
-                206,
-                {**base, "Content-Range": f"bytes {start}-{end - 1}/{f.size}"},
-                file=f,
-                start=start,
-                length=end - start,
-            )
-    return _Response(200, base, file=f, start=0, length=f.size)
+def _if_match(header: str, strong: str | None) -> bool:
+    """If-Match by the strong comparison (RFC 9110): a weak tag on either side never matches."""
+    candidates = [c.strip() for c in header.split(",")]
+    if "*" in candidates:
+        return True
+    return strong is not None and any(
+        not c.startswith("W/") and c.strip('"') == strong for c in candidates
+    )
 
 
-def _etag_matches(header: str, etag: str) -> bool:
-    candidates = [c.strip().removeprefix("W/").strip('"') for c in header.split(",")]
-    return "*" in candidates or etag in candidates
+def _strong_match(if_range: str, strong: str | None) -> bool:
+    """If-Range holds a strong ETag equal to the current one (a date never matches)."""
+    value = if_range.strip()
+    return strong is not None and not value.startswith("W/") and value.strip('"') == strong
 
 
-def _chunks(response: _Response, limit: int) -> Any:
-    if response.file is None:
+def _mtime(content: _Content) -> float:
+    try:
+        mtime = content.file.disk_path.stat().st_mtime
+    except OSError:
+        mtime = time.time()
+    return mtime + 1 if content.kind == "replaced" else mtime  # the other bytes are newer
+
+
+def _made_up_entry(path: str) -> dict[str, Any]:
+    """A tree entry of a file that is not in the repo (hostile or endless listings)."""
+    return {
+        "type": "file",
+        "oid": hashlib.sha1(path.encode()).hexdigest(),
+        "size": 1,
+        "path": path,
+    }
+
+
+def _split(chunk: bytes, piece: int) -> Iterator[bytes]:
+    if not piece:
+        yield chunk
+        return
+    for i in range(0, len(chunk), piece):
+        yield chunk[i : i + piece]
+
+
+async def _client_gone(receive: Receive, seconds: float) -> bool:
+    """Wait ``seconds``; True as soon as the client disconnects meanwhile."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + seconds
+    while (left := deadline - loop.time()) > 0:
+        try:
+            message = await asyncio.wait_for(receive(), left)
+        except asyncio.TimeoutError:
+            return False
+        if message["type"] == "http.disconnect":
+            return True
+    return False
+
+
+def _chunks(response: _Response, limit: int) -> Iterator[bytes]:
+    if response.content is None:
         if limit > 0:
             yield response.body[:limit]
         return
-    with response.file.disk_path.open("rb") as fh:
-        fh.seek(response.start)
-        remaining = limit
-        while remaining > 0:
-            chunk = fh.read(min(_CHUNK, remaining))
-            if not chunk:
-                raise DeliberateCut("file shrank on disk while it was served")
-            remaining -= len(chunk)
-            yield chunk
+    yield from response.content.chunks(response.start, limit)
 
 
 def _split_revision(parts: Sequence[str]) -> tuple[str, list[str]]:

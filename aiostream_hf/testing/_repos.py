@@ -9,7 +9,9 @@ Layout under the server's root::
 
 A ref's commit sha is a digest of its file list and contents, so it changes
 when a file changes. File hashes are cached by (size, mtime, inode), so a
-rescan costs one ``stat`` per file.
+rescan costs one ``stat`` per file (a file written in the last 50 ms is hashed
+again: see ``_HashCache``). File contents are never cached: every answer reads
+the disk, so a file changed between requests is served changed.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import hashlib
 import os
 import re
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,6 +44,7 @@ LFS_EXTENSIONS = frozenset(
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 _SHA = re.compile(r"^[0-9a-f]{40}$")
 _MAX_COMMITS = 4096  # past commits kept readable (while their files are unchanged)
+_RACY_NS = 50_000_000  # over the timestamp tick of common filesystems (1-10 ms)
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,18 +125,28 @@ def _git_oid_and_sha256(path: Path, size: int) -> tuple[str, str]:
 
 @dataclass
 class _HashCache:
+    """File hashes by (path, size, mtime, inode), as git's index keeps them.
+
+    As in git, a hash taken within ``_RACY_NS`` of the file's mtime is not
+    trusted ("racily clean"): a same-size rewrite in the same clock tick of a
+    coarse-timestamp filesystem would keep the key, so such a file is hashed
+    again at its next lookup, until a hash is taken safely after its mtime.
+    """
+
     lock: threading.Lock = field(default_factory=threading.Lock)
-    by_key: dict[tuple[str, int, int, int], tuple[str, str]] = field(default_factory=dict)
+    by_key: dict[tuple[str, int, int, int], tuple[str, str, int]] = field(default_factory=dict)
 
     def hashes(self, path: Path, st: os.stat_result) -> tuple[str, str]:
         key = (str(path), st.st_size, st.st_mtime_ns, st.st_ino)
         with self.lock:
             found = self.by_key.get(key)
-        if found is None:
-            found = _git_oid_and_sha256(path, st.st_size)
-            with self.lock:
-                self.by_key[key] = found
-        return found
+        if found is not None and abs(found[2] - st.st_mtime_ns) > _RACY_NS:
+            return found[0], found[1]
+        hashed_at = time.time_ns()  # before the read: a later rewrite gets a later mtime
+        oid, sha256 = _git_oid_and_sha256(path, st.st_size)
+        with self.lock:
+            self.by_key[key] = (oid, sha256, hashed_at)
+        return oid, sha256
 
 
 class RepoStore:
