@@ -28,10 +28,43 @@ takes over). On a machine, a file lock per key and a JSON file under
 answer. Manifests are keyed by endpoint, repo, commit, path, config, split and
 ``data_files`` and never expire (a commit is immutable); a branch-to-commit pin is shared
 for ``StreamOptions.pin_ttl`` seconds, so ranks that start together make one call.
+
+Guarantees and limits. No byte from a server is trusted:
+
+- Private stays private. Every cache entry, in memory and on disk (pins, tree listings,
+  cards, manifests), is keyed by the caller's token identity (a truncated sha256 of the
+  token, "" for none) as well, so an entry is only ever served to a caller with the same
+  token. The ``resolutions`` folder is made (or, if it is ours, chmod-ed) ``0700``; its
+  entries and lock files are ``0600``. A folder that belongs to another user is not used
+  (a warning, then resolution without the disk cache).
+- Bounded answers. Every body is read as a stream with a cap, and an announced
+  ``Content-Length`` over the cap fails before a byte is read: ``MAX_API_BODY`` for API
+  answers, ``MAX_TEXT_BODY`` for ``README.md`` and ``.huggingface.yaml``. A tree listing
+  stops with ``ResolutionError`` past ``MAX_TREE_PAGES`` pages, ``MAX_TREE_FILES`` files
+  or ``MAX_TREE_BYTES`` bytes, at a page that is empty yet announces another, at a loop,
+  and at a next page off the endpoint's origin. YAML (README front matter,
+  ``.huggingface.yaml``) is parsed safely and refused when its document, aliases counted
+  as the size of what they point to (billion laughs), exceeds ``MAX_YAML_NODES`` nodes,
+  before any Python object is made; recursive aliases are refused.
+- Typed answers. Every field read from JSON is type-checked: a commit sha is 40 hex
+  digits, a size an int >= 0, an etag a hex object id, and a tree path a clean relative
+  POSIX path (no ``..``, ``.`` or empty segment, no leading ``/``, no backslash, NUL or
+  control character, at most ``MAX_PATH_LENGTH`` characters, below the folder listed,
+  listed once): anything else is a ``ResolutionError`` naming the entry and the repo.
+- Every error is ours. Redirects are followed here (at most ``MAX_REDIRECTS``, to
+  http(s) only, without reading their bodies); an invalid URL, a redirect loop, a body
+  that is not UTF-8 or not JSON become ``ResolutionError`` naming the URL.
+- Bounded waits. A request's whole answer (headers and body, redirects included) must
+  arrive within ``StreamOptions.timeout`` plus a second (a trickled answer counts as a
+  timeout and is retried); a rate-limited host that wants us to wait past
+  ``StreamOptions.max_rate_limit_wait`` fails at once with ``RateLimitedError``; an
+  endpoint that never answered and refuses connections (or has no DNS name) fails after
+  one quick retry with ``UnreachableError`` naming ``HF_ENDPOINT`` / ``endpoint=``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import json
@@ -39,13 +72,15 @@ import logging
 import os
 import posixpath
 import re
+import secrets
+import stat
 import time
 from collections import Counter, OrderedDict
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Generic, TypeAlias, TypeVar, cast
+from typing import Any, Generic, Literal, TypeAlias, TypeVar, cast
 from urllib.parse import quote, urlsplit
 
 import anyio
@@ -54,7 +89,7 @@ import filelock
 import httpx2
 import yaml
 
-from ._client import HubClient, auth_headers, host_key
+from ._client import HubClient, auth_headers, host_key, origin
 from ._exceptions import (
     ClosedResourceError,
     ConfigNotFoundError,
@@ -74,6 +109,14 @@ from ._sources import HubSource, LocalSource, Source, UrlSource, has_glob, parse
 __all__ = [
     "DATA_FILE_EXTENSIONS",
     "DEFAULT_ENDPOINT",
+    "MAX_API_BODY",
+    "MAX_PATH_LENGTH",
+    "MAX_REDIRECTS",
+    "MAX_TEXT_BODY",
+    "MAX_TREE_BYTES",
+    "MAX_TREE_FILES",
+    "MAX_TREE_PAGES",
+    "MAX_YAML_NODES",
     "DataFiles",
     "Resolver",
     "ResolverStatistics",
@@ -99,12 +142,42 @@ DataFiles: TypeAlias = (
     "str | Sequence[str] | Mapping[str, str | Sequence[str]] | Sequence[Mapping[str, Any]]"
 )
 
+_MiB = 1024 * 1024
+#: The largest API answer (a tree page, a revision's info) read, in bytes. A Hub tree
+#: page of 1,000 entries is about 0.3 MB.
+MAX_API_BODY = 16 * _MiB
+#: The largest ``README.md`` or ``.huggingface.yaml`` read, in bytes; also the largest
+#: YAML text parsed.
+MAX_TEXT_BODY = 16 * _MiB
+#: The most pages of one tree listing followed (the Hub pages 1,000 entries at a time).
+MAX_TREE_PAGES = 10_000
+#: The most files one tree listing may hold.
+MAX_TREE_FILES = 1_000_000
+#: The most bytes all the pages of one tree listing may add up to (a listing of a
+#: million files is about 200 MB).
+MAX_TREE_BYTES = 1024 * _MiB
+#: The longest path (in characters) a tree entry may have.
+MAX_PATH_LENGTH = 4096
+#: The most YAML nodes a card may expand to, an alias counting as the size of the node
+#: it points to.
+MAX_YAML_NODES = 100_000
+#: The most redirects one request follows.
+MAX_REDIRECTS = 10
+
 _SHA = re.compile(r"^[0-9a-f]{40}$")
+_OID = re.compile(r"^(?:[0-9a-f]{40}|[0-9a-f]{64})$")
+_MAX_FILE_SIZE = 2**63 - 1
 _RETRY_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
 # In-memory caches are bounded by the files they hold (a pin or a card counts as one).
 _MEMORY_WEIGHT = 2_000_000
 _LISTING_WEIGHT = 2_000_000
 _TRUE = frozenset({"1", "on", "yes", "true"})
+# The on-disk cache is the user's alone: its folder, its entries and its lock files.
+_FOLDER_MODE = 0o700
+_FILE_MODE = 0o600
+# A request's whole answer may take StreamOptions.timeout and this: a connect that times
+# out (after the timeout) is then reported as one, and fails fast for a host never seen.
+_WHOLE_ANSWER_MARGIN_S = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -248,20 +321,35 @@ class _Counts:
 
 
 class _Call:
-    """One resolve() call: its token, looked up only when a request needs it, and
-    whether it already waited for another task (counted once per call)."""
+    """One resolve() call: its token, looked up once (before the first Hub source's cache
+    keys, which carry its identity), and whether it already waited for another task
+    (counted once per call)."""
 
     def __init__(self, token: str | bool | None) -> None:
         self._given = token
         self._found = False
         self._token: str | None = None
+        self._identity = ""
         self.waited = False
 
     async def token(self) -> str | None:
         if not self._found:
             self._token = await _find_token(self._given)
+            self._identity = _identity(self._token)
             self._found = True
         return self._token
+
+    async def identity(self) -> str:
+        """Whose cache entries this call may read: see ``_identity``."""
+        await self.token()
+        return self._identity
+
+
+def _identity(token: str | None) -> str:
+    """A token's identity in cache keys: a truncated sha256 of it ("" for no token)."""
+    if not token:
+        return ""
+    return hashlib.sha256(token.encode("utf-8", "surrogatepass")).hexdigest()[:32]
 
 
 class Resolver:
@@ -291,6 +379,7 @@ class Resolver:
         self._pending: dict[str, _Pending] = {}
         self._memory = _Lru(_MEMORY_WEIGHT)
         self._listings = _Lru(_LISTING_WEIGHT)
+        self._folders: dict[Path, bool] = {}  # cache folders checked: usable or not
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -418,19 +507,30 @@ class Resolver:
         call: _Call,
     ) -> Manifest:
         revision = src.revision or "main"
+        who = await call.identity()  # every key carries it: entries stay with their token
         if _SHA.match(revision):
             pin = _Pin(revision)
         else:
             pin = await self._once(
-                ("pin", endpoint, src.repo_id, revision),
+                ("pin", who, endpoint, src.repo_id, revision),
                 functools.partial(self._fetch_pin, endpoint, src.repo_id, revision, call),
                 _PIN_CODEC,
                 ttl=self._options.pin_ttl,
                 call=call,
             )
-        key = ("manifest", endpoint, src.repo_id, pin.sha, src.path, config, split, data_files)
+        key = (
+            "manifest",
+            who,
+            endpoint,
+            src.repo_id,
+            pin.sha,
+            src.path,
+            config,
+            split,
+            data_files,
+        )
         build = functools.partial(
-            self._build, src, revision, pin, config, split, data_files, endpoint, call
+            self._build, src, revision, pin, config, split, data_files, endpoint, call, who
         )
         return await self._once(key, build, _MANIFEST_CODEC, ttl=None, call=call)
 
@@ -444,6 +544,7 @@ class Resolver:
         data_files: dict[str, list[str]] | None,
         endpoint: str,
         call: _Call,
+        who: str,
     ) -> Manifest:
         path = src.path
         if path is None:
@@ -453,7 +554,7 @@ class Resolver:
         else:
             base = posixpath.dirname(path)
         where = _Where(src.repo_id, revision, pin.sha, endpoint)
-        root = ("tree", endpoint, src.repo_id, pin.sha, "")
+        root = ("tree", who, endpoint, src.repo_id, pin.sha, "")
         hit, tree = self._listings.get(_key(root))  # the whole tree serves any folder
         if hit:
             self._counts.memory_hits += 1
@@ -468,7 +569,7 @@ class Resolver:
         card = None
         if path is None:
             card = await self._once(
-                ("card", endpoint, src.repo_id, pin.sha),
+                ("card", who, endpoint, src.repo_id, pin.sha),
                 functools.partial(self._fetch_card, where, pin, tree, call),
                 _CARD_CODEC,
                 ttl=None,
@@ -517,17 +618,22 @@ class Resolver:
             [("expand", "sha"), ("expand", "cardData"), ("expand", "gated")]
         )
         where = _Where(repo, revision, None, endpoint)
-        response = await self._get(url, where, call, params=params)
-        data = _json_body(response, url)
-        sha = data.get("sha") if isinstance(data, dict) else None
+        answer = await self._get(url, where, call, params=params)
+        data = _json_body(answer.body, url)
+        if not isinstance(data, dict):
+            raise ResolutionError(f"GET {url} answered {type(data).__name__}, not an object")
+        sha = data.get("sha")
         if not isinstance(sha, str) or not _SHA.match(sha):
-            raise ResolutionError(f"GET {url} answered no commit sha (got {sha!r})")
+            raise ResolutionError(f"GET {url} answered no commit sha (got {_short(sha)})")
         card = data.get("cardData")
+        gated = data.get("gated")
+        if gated is not None and not isinstance(gated, (bool, str)):
+            raise ResolutionError(f"GET {url} answered gated={_short(gated)}: not a bool or a str")
         return _Pin(
             sha=sha,
             card=card if isinstance(card, dict) else None,
             card_known=True,
-            gated=bool(data.get("gated")),
+            gated=bool(gated),
         )
 
     async def _fetch_card(
@@ -537,16 +643,14 @@ class Resolver:
         card = pin.card
         paths = {f.path for f in tree if "/" not in f.path}
         if not pin.card_known and "README.md" in paths:
-            card = _front_matter(await self._fetch_text(where, "README.md", call))
+            text = await self._fetch_text(where, "README.md", call)
+            card = await anyio.to_thread.run_sync(_front_matter, text, f"{where.label}: README.md")
         if ".huggingface.yaml" in paths:
             # datasets merges the standalone YAML over the README's (load.py).
             text = await self._fetch_text(where, ".huggingface.yaml", call)
-            try:
-                extra = yaml.safe_load(text)
-            except yaml.YAMLError as exc:
-                raise ResolutionError(
-                    f"{where.label}: .huggingface.yaml is not YAML: {exc}"
-                ) from exc
+            extra = await anyio.to_thread.run_sync(
+                _load_yaml, text, f"{where.label}: .huggingface.yaml"
+            )
             if isinstance(extra, dict):
                 card = {**(card or {}), **extra}
         return card
@@ -554,6 +658,8 @@ class Resolver:
     async def _list_tree(
         self, where: _Where, base: str, call: _Call, path: str | None
     ) -> tuple[_File, ...]:
+        """Every file below ``base``, from the pages of the recursive tree listing,
+        bounded by ``MAX_TREE_PAGES``, ``MAX_TREE_FILES`` and ``MAX_TREE_BYTES``."""
         assert where.sha is not None
         url: str | None = f"{where.endpoint}/api/datasets/{where.repo}/tree/{where.sha}"
         if base:
@@ -562,32 +668,70 @@ class Resolver:
             [("recursive", "true"), ("expand", "false")]
         )
         files: list[_File] = []
+        paths: set[str] = set()
         seen: set[str] = set()
+        received = 0
         while url is not None:
             if url in seen:
                 raise ResolutionError(f"the tree listing of {where.label} loops at {url}")
+            if len(seen) >= MAX_TREE_PAGES:
+                raise ResolutionError(
+                    f"the tree listing of {where.label} goes on past {MAX_TREE_PAGES} pages "
+                    f"(MAX_TREE_PAGES), at {url}: refusing to follow it further"
+                )
             seen.add(url)
-            response = await self._get(url, where, call, params=params, missing=path)
+            answer = await self._get(url, where, call, params=params, missing=path)
             params = None  # the next-page URL carries the query
-            entries = _json_body(response, url)
+            received += len(answer.body)
+            if received > MAX_TREE_BYTES:
+                raise ResolutionError(
+                    f"the tree listing of {where.label} is over {MAX_TREE_BYTES} bytes "
+                    f"(MAX_TREE_BYTES) after {len(seen)} pages: refusing to read more"
+                )
+            entries = _json_body(answer.body, url)
             if not isinstance(entries, list):
                 raise ResolutionError(f"GET {url} answered {type(entries).__name__}, not a list")
+            following = _next_page(answer.response, where, url)
+            if not entries and following is not None:
+                raise ResolutionError(
+                    f"GET {url}: a page of the tree listing of {where.label} is empty yet "
+                    "announces another: refusing to follow it"
+                )
             for entry in entries:
-                if isinstance(entry, dict) and entry.get("type") == "file":
-                    files.append(_tree_file(entry, url))
-            url = response.links.get("next", {}).get("url")
+                if not isinstance(entry, dict) or not isinstance(entry.get("type"), str):
+                    raise ResolutionError(
+                        f"GET {url}: malformed tree entry {_short(entry)} in {where.label}"
+                    )
+                if entry["type"] != "file":
+                    continue  # folders, and kinds of entry a dataset has no use for
+                f = _tree_file(entry, url, where, base)
+                if f.path in paths:
+                    raise ResolutionError(
+                        f"GET {url}: the tree listing of {where.label} lists {f.path!r} twice"
+                    )
+                if len(files) >= MAX_TREE_FILES:
+                    raise ResolutionError(
+                        f"the tree listing of {where.label} holds more than {MAX_TREE_FILES} "
+                        "files (MAX_TREE_FILES): name a folder or a glob to list less"
+                    )
+                paths.add(f.path)
+                files.append(f)
+            url = following
         files.sort(key=lambda f: f.path)
         return tuple(files)
 
     async def _fetch_text(self, where: _Where, name: str, call: _Call) -> str:
         assert where.sha is not None
         url = f"{where.endpoint}/datasets/{where.repo}/resolve/{where.sha}/{quote(name)}"
-        response = await self._get(url, where, call, missing=name)
-        return response.content.decode("utf-8", errors="replace")
+        answer = await self._get(url, where, call, missing=name, body="text")
+        try:
+            return answer.body.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise ResolutionError(f"{where.label}: {name} ({url}) is not UTF-8: {exc}") from exc
 
     async def _check_access(self, where: _Where, url: str, call: _Call) -> None:
         """Fail early, with GatedRepoError, when the token cannot read a gated repo."""
-        await self._get(url, where, call, method="HEAD", follow_redirects=False)
+        await self._get(url, where, call, method="HEAD", follow_redirects=False, body=None)
 
     # -- HTTP -----------------------------------------------------------------------------
 
@@ -601,18 +745,25 @@ class Resolver:
         method: str = "GET",
         missing: str | None = None,
         follow_redirects: bool = True,
-    ) -> httpx2.Response:
-        """One request with retries on 408/429/5xx and network errors; errors mapped."""
+        body: _BodyKind = "api",
+    ) -> _Answer:
+        """One request with retries on 408/429/5xx, network errors and timeouts; its
+        body read with the cap of its kind; every failure a library error.
+
+        The wait for a rate-limited host is bounded by ``max_rate_limit_wait`` (counted
+        from this call), each attempt's whole answer by ``timeout``; a host that never
+        answered and refuses connections fails after one quick retry.
+        """
         self._check_open()
         if self._client is None:
             self._client = HubClient()
         hub = self._client
         token = await call.token()
-        headers = auth_headers(url, token, where.endpoint)
         is_api = urlsplit(url).path.startswith("/api/")
         host = host_key(url)
         owner = object()  # this call's place in the host's gate
         o = self._options
+        deadline = anyio.current_time() + o.max_rate_limit_wait
         attempts = 0
         while True:
             attempts += 1
@@ -621,34 +772,21 @@ class Resolver:
             else:
                 self._counts.resolver_requests += 1
             # The client's gate: a host paused by a 429 (to us or to a fetcher) waits here.
-            await hub.acquire(host, owner)
+            await hub.acquire(host, owner, deadline=deadline, url=url)
             try:
-                request = hub.http.build_request(
-                    method, url, params=params, headers=headers, timeout=o.timeout
+                outcome = await self._attempt(
+                    hub, owner, method, url, params, token, where, follow_redirects, body, attempts
                 )
-                response = await hub.send(request, follow_redirects=follow_redirects)
-            except httpx2.TransportError as exc:
-                if attempts > o.max_retries:
-                    raise ResolutionError(
-                        f"{method} {url} failed after {attempts} attempts: "
-                        f"{type(exc).__name__}: {exc}"
-                    ) from exc
-                delay = hub.backoff(attempts, o.backoff_base, o.backoff_max)
-            else:
-                hub.note_response(
-                    host,
-                    owner,
-                    response.headers,
-                    response.status_code,
-                    failures=attempts - 1,
-                    backoff_base=o.backoff_base,
-                    backoff_max=o.backoff_max,
-                )
-                if response.status_code < 400:
-                    return response
-                if response.status_code not in _RETRY_STATUSES or attempts > o.max_retries:
+            finally:
+                hub.release(host, owner)
+            if isinstance(outcome, _Answer):
+                response = outcome.response
+                status = response.status_code
+                if status < 400:
+                    return outcome
+                if status not in _RETRY_STATUSES or attempts > o.max_retries:
                     raise _http_error(response, where, missing, attempts)
-                if response.status_code == 429:
+                if status == 429 and host_key(str(response.url)) == host:
                     delay = 0.0  # the host is paused: the gate is the wait
                 else:
                     delay = hub.retry_delay(
@@ -657,11 +795,91 @@ class Resolver:
                         base=o.backoff_base,
                         cap=o.backoff_max,
                     )
-            finally:
-                hub.release(host, owner)
+            else:
+                if attempts > o.max_retries:
+                    raise ResolutionError(
+                        f"{method} {url} failed after {attempts} attempts: {outcome.reason}"
+                    ) from outcome.error
+                delay = outcome.delay or hub.backoff(attempts, o.backoff_base, o.backoff_max)
             self._counts.retries += 1
             if delay > 0:
                 await anyio.sleep(delay)
+
+    async def _attempt(
+        self,
+        hub: HubClient,
+        owner: object,
+        method: str,
+        url: str,
+        params: httpx2.QueryParams | None,
+        token: str | None,
+        where: _Where,
+        follow_redirects: bool,
+        body: _BodyKind,
+        attempts: int,
+    ) -> _Answer | _Failure:
+        """One attempt: the request, its redirects and its body, within ``timeout``.
+
+        An answer (any status) or a retryable failure; errors a retry cannot mend
+        (a body over its cap, a redirect loop, an invalid URL) are raised.
+        """
+        o = self._options
+        current = url
+        try:
+            with anyio.move_on_after(o.timeout + _WHOLE_ANSWER_MARGIN_S):
+                for hop in range(MAX_REDIRECTS + 1):
+                    request = hub.http.build_request(
+                        method,
+                        current,
+                        params=params if hop == 0 else None,  # a Location carries its query
+                        headers=auth_headers(current, token, where.endpoint),
+                        timeout=o.timeout,
+                    )
+                    response = await hub.send(request, stream=True)
+                    try:
+                        hub.note_response(
+                            host_key(current),
+                            owner,
+                            response.headers,
+                            response.status_code,
+                            failures=attempts - 1,
+                            backoff_base=o.backoff_base,
+                            backoff_max=o.backoff_max,
+                        )
+                        if follow_redirects and response.has_redirect_location:
+                            current = _redirect_target(response, method, url)
+                            continue
+                        content = b""
+                        if body is not None and response.status_code < 400:
+                            content = await _read_capped(response, body, method)
+                        return _Answer(response, content)
+                    finally:
+                        with anyio.CancelScope(shield=True):
+                            await response.aclose()
+                raise ResolutionError(
+                    f"{method} {url} redirects more than {MAX_REDIRECTS} times "
+                    f"(MAX_REDIRECTS), the last time to {current}: a redirect loop?"
+                )
+            return _Failure(
+                f"no whole answer within {o.timeout + _WHOLE_ANSWER_MARGIN_S:g} s "
+                "(StreamOptions.timeout, plus a second)",
+                None,
+            )
+        except (httpx2.ConnectError, httpx2.ConnectTimeout) as exc:
+            failed = _url_of(exc, current)
+            # Raises UnreachableError for a host that never answered, on its second try.
+            delay = hub.connect_failed(host_key(failed), failed, exc, attempts)
+            return _Failure(f"{type(exc).__name__}: {exc}", exc, delay)
+        except httpx2.UnsupportedProtocol as exc:
+            raise ResolutionError(f"{method} {_url_of(exc, current)}: {exc}") from exc
+        except httpx2.TransportError as exc:
+            return _Failure(f"{type(exc).__name__}: {exc}", exc)
+        except httpx2.HTTPError as exc:  # TooManyRedirects, DecodingError: a retry can't help
+            raise ResolutionError(
+                f"{method} {_url_of(exc, current)} failed: {type(exc).__name__}: {exc}"
+            ) from exc
+        except httpx2.InvalidURL as exc:
+            raise ResolutionError(f"{method} {current!r}: not a valid URL: {exc}") from exc
 
     # -- coalescing -----------------------------------------------------------------------
 
@@ -726,6 +944,23 @@ class Resolver:
         pending.event.set()
         return value
 
+    async def _cache_folder(self) -> Path | None:
+        """The ``resolutions`` folder, made private to this user (checked once per
+        Resolver and folder); None when it cannot be used (logged)."""
+        folder = self._options.resolved_cache_dir() / "resolutions"
+        ready = self._folders.get(folder)
+        if ready is None:
+            try:
+                await anyio.to_thread.run_sync(_prepare_folder, folder)
+                ready = True
+            except OSError as exc:
+                logger.warning(
+                    "resolution cache %s is not usable (%s): resolving uncached", folder, exc
+                )
+                ready = False
+            self._folders[folder] = ready
+        return folder if ready else None
+
     async def _disk_once(
         self,
         key: str,
@@ -737,7 +972,9 @@ class Resolver:
     ) -> tuple[T, float]:
         """The value from the on-disk cache, or computed under the key's file lock and
         stored there; and its age in seconds (a pin shared by another process is older)."""
-        folder = self._options.resolved_cache_dir() / "resolutions"
+        folder = await self._cache_folder()
+        if folder is None:
+            return await compute(), 0.0
         path = folder / f"{key}.json"
         stored = json.loads(json.dumps(key_parts))
         found = await anyio.to_thread.run_sync(_read_entry, path, stored, ttl, decode)
@@ -745,10 +982,9 @@ class Resolver:
             self._counts.disk_hits += 1
             return found
         try:
-            await anyio.to_thread.run_sync(
-                functools.partial(folder.mkdir, parents=True, exist_ok=True)
+            lock = filelock.FileLock(
+                str(folder / f"{key}.lock"), mode=_FILE_MODE, thread_local=False
             )
-            lock = filelock.FileLock(str(folder / f"{key}.lock"), thread_local=False)
             await _acquire(lock)
         except OSError as exc:
             logger.warning(
@@ -847,34 +1083,258 @@ def _http_error(
     )
 
 
-def _json_body(response: httpx2.Response, url: str) -> Any:
+@dataclass(frozen=True, slots=True)
+class _Answer:
+    """A response (closed; its status, headers and links stay readable) and its body."""
+
+    response: httpx2.Response
+    body: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class _Failure:
+    """An attempt that may succeed if tried again: a network error or a timeout."""
+
+    reason: str
+    error: Exception | None
+    delay: float = 0.0  # > 0: retry after this (a quick retry); else the usual backoff
+
+
+#: Which cap a body is read with: "api" (``MAX_API_BODY``), "text" (``MAX_TEXT_BODY``),
+#: or None: no body is read.
+_BodyKind: TypeAlias = "Literal['api', 'text'] | None"
+
+
+def _body_cap(kind: str) -> tuple[int, str]:
+    """The cap for a kind of body and the constant's name (read at call time)."""
+    if kind == "text":
+        return MAX_TEXT_BODY, "MAX_TEXT_BODY"
+    return MAX_API_BODY, "MAX_API_BODY"
+
+
+async def _read_capped(response: httpx2.Response, kind: str, method: str) -> bytes:
+    """The body of ``response``, refused past the cap of ``kind`` before it is all read
+    (and before a byte is read when ``Content-Length`` announces more)."""
+    cap, name = _body_cap(kind)
+    url = str(response.url)
+    declared = response.headers.get("content-length", "").strip()
+    if declared.isascii() and declared.isdigit() and int(declared) > cap:
+        raise ResolutionError(
+            f"{method} {url} announces a body of {int(declared)} bytes, over the {cap} "
+            f"bytes ({name}) the resolver reads: refusing it"
+        )
+    chunks: list[bytes] = []
+    total = 0
+    # aclosing: a generator left mid-way is closed here, not by the garbage collector.
+    async with contextlib.aclosing(response.aiter_bytes()) as pieces:
+        async for chunk in pieces:
+            total += len(chunk)
+            if total > cap:
+                raise ResolutionError(
+                    f"{method} {url} sends a body over the {cap} bytes ({name}) the "
+                    "resolver reads: refusing the rest"
+                )
+            chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _redirect_target(response: httpx2.Response, method: str, url: str) -> str:
+    """Where a redirect points: an absolute http(s) URL, or ResolutionError."""
+    location = response.headers["location"]
     try:
-        return response.json()
-    except ValueError as exc:
+        target = response.url.join(location).copy_with(fragment=None)
+    except httpx2.InvalidURL as exc:
+        raise ResolutionError(
+            f"{method} {url} redirects to {_short(location)}, not a valid URL: {exc}"
+        ) from exc
+    if target.scheme not in ("http", "https") or not target.host:
+        raise ResolutionError(
+            f"{method} {url} redirects to {_short(location)}, not an http(s) URL: refusing it"
+        )
+    return str(target)
+
+
+def _url_of(exc: httpx2.HTTPError, fallback: str) -> str:
+    """The URL of the request an httpx error is about (a redirect's, maybe)."""
+    try:
+        return str(exc.request.url)
+    except RuntimeError:  # the error was raised before a request was made
+        return fallback
+
+
+def _next_page(response: httpx2.Response, where: _Where, url: str) -> str | None:
+    """The next page of a tree listing (``Link: <...>; rel="next"``), on the endpoint's
+    origin only, or None."""
+    link = response.links.get("next")
+    if link is None:
+        return None
+    raw = link.get("url")
+    try:
+        if not raw:
+            raise httpx2.InvalidURL("empty")
+        target = response.url.join(raw)
+        same = origin(str(target)) == origin(where.endpoint)
+    except httpx2.InvalidURL as exc:
+        raise ResolutionError(
+            f"GET {url}: the tree listing of {where.label} announces a next page at "
+            f"{_short(raw)}, not a valid URL: {exc}"
+        ) from exc
+    if not same:
+        raise ResolutionError(
+            f"GET {url}: the tree listing of {where.label} announces a next page at "
+            f"{_short(raw)}, off {where.endpoint}: refusing to follow it"
+        )
+    return str(target)
+
+
+def _short(value: object, limit: int = 200) -> str:
+    """``repr(value)``, cut for a message (a server chooses what it sends)."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+
+
+def _json_body(body: bytes, url: str) -> Any:
+    try:
+        return json.loads(body.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise ResolutionError(f"GET {url} answered something that is not UTF-8: {exc}") from exc
+    except (ValueError, RecursionError) as exc:
         raise ResolutionError(f"GET {url} answered something that is not JSON: {exc}") from exc
 
 
-def _tree_file(entry: Mapping[str, Any], url: str) -> _File:
+def _path_problem(path: object) -> str | None:
+    """Why ``path`` is not a clean relative POSIX path, or None when it is one."""
+    if not isinstance(path, str):
+        return f"is not a string but {type(path).__name__}"
+    if not path:
+        return "is empty"
+    if len(path) > MAX_PATH_LENGTH:
+        return f"is longer than {MAX_PATH_LENGTH} characters (MAX_PATH_LENGTH)"
+    if path.startswith("/"):
+        return "is absolute"
+    if "\\" in path:
+        return "has a backslash"
+    if any(c < " " or c == "\x7f" for c in path):
+        return "has a NUL or control character"
     try:
-        lfs = entry.get("lfs")
-        etag = lfs["oid"] if isinstance(lfs, dict) and lfs.get("oid") else entry["oid"]
-        return _File(str(entry["path"]), int(entry["size"]), str(etag))
-    except (KeyError, TypeError, ValueError) as exc:
-        raise ResolutionError(f"GET {url}: malformed tree entry {entry!r}") from exc
+        path.encode("utf-8")
+    except UnicodeEncodeError:
+        return "is not valid Unicode"
+    if any(part in ("", ".", "..") for part in path.split("/")):
+        return "has an empty, '.' or '..' segment"
+    return None
 
 
-def _front_matter(text: str) -> dict[str, Any] | None:
+def _tree_file(entry: Mapping[str, Any], url: str, where: _Where, base: str) -> _File:
+    """A file entry of a tree listing, every field checked: its path a clean relative
+    POSIX path below ``base``, its size an int >= 0, its etag a hex object id."""
+    path = entry.get("path")
+    problem = _path_problem(path)
+    if problem is None and base and not str(path).startswith(f"{base}/"):
+        problem = f"is outside the folder {base!r} that was listed"
+    if problem is not None:
+        raise ResolutionError(
+            f"GET {url}: the tree of {where.label} lists a file {_short(path)} that "
+            f"{problem}: refusing it"
+        )
+    assert isinstance(path, str)
+    size = entry.get("size")
+    if type(size) is not int or not 0 <= size <= _MAX_FILE_SIZE:
+        raise ResolutionError(
+            f"GET {url}: {path!r} in {where.label} has size {_short(size)}, "
+            "not a whole number of bytes >= 0"
+        )
+    lfs = entry.get("lfs")
+    if lfs is not None and not isinstance(lfs, dict):
+        raise ResolutionError(
+            f"GET {url}: {path!r} in {where.label} has lfs={_short(lfs)}, not an object"
+        )
+    etag = lfs.get("oid") if lfs else None
+    if not etag:
+        etag = entry.get("oid")
+    if not isinstance(etag, str) or not _OID.match(etag):
+        raise ResolutionError(
+            f"GET {url}: {path!r} in {where.label} has oid {_short(etag)}, "
+            "not a hex object id (40 or 64 hex digits)"
+        )
+    return _File(path, size, etag)
+
+
+def _front_matter(text: str, what: str) -> dict[str, Any] | None:
     """The YAML block of a repo card, found as huggingface_hub's RepoCard finds it."""
     from huggingface_hub.repocard import REGEX_YAML_BLOCK  # imports hf_api: only when needed
 
     match = REGEX_YAML_BLOCK.search(text)
     if match is None:
         return None
-    try:
-        data = yaml.safe_load(match.group(2))
-    except yaml.YAMLError as exc:
-        raise ResolutionError(f"README.md metadata is not valid YAML: {exc}") from exc
+    data = _load_yaml(match.group(2), what)
     return data if isinstance(data, dict) else None
+
+
+def _load_yaml(text: str, what: str) -> Any:
+    """``yaml.safe_load(text)``, refused (ResolutionError naming ``what``) when the text
+    is over ``MAX_TEXT_BODY`` characters or its document expands past ``MAX_YAML_NODES``
+    nodes, aliases counted as the size of what they point to: the count is made while the
+    node graph is composed, before any Python object is constructed."""
+    if len(text) > MAX_TEXT_BODY:
+        raise ResolutionError(
+            f"{what}: {len(text)} characters of YAML, over the {MAX_TEXT_BODY} "
+            "(MAX_TEXT_BODY) the resolver parses: refusing it"
+        )
+    loader = _BoundedLoader(text, MAX_YAML_NODES, what)
+    try:
+        return loader.get_single_data()
+    except yaml.YAMLError as exc:
+        raise ResolutionError(f"{what} is not valid YAML: {exc}") from exc
+    except (ValueError, OverflowError, RecursionError) as exc:  # an int too long, a date...
+        raise ResolutionError(
+            f"{what}: YAML that cannot be read ({type(exc).__name__}: {exc})"
+        ) from exc
+    finally:
+        loader.dispose()
+
+
+class _BoundedLoader(yaml.SafeLoader):
+    """The safe loader, counting the nodes of the document as it composes it: a node
+    counts 1 plus its children, an alias the count of the node it points to (memoised,
+    so a DAG of aliases costs its size once), and composition stops past ``limit``."""
+
+    def __init__(self, text: str, limit: int, what: str) -> None:
+        super().__init__(text)
+        self._limit = limit
+        self._what = what
+        self._count = 0
+        self._sizes: dict[int, int] = {}  # id(node) -> its expanded count
+
+    def _add(self, n: int) -> None:
+        self._count += n
+        if self._count > self._limit:
+            raise ResolutionError(
+                f"{self._what}: its YAML expands to more than {self._limit} nodes "
+                "(MAX_YAML_NODES; an alias counts as the size of what it points to): "
+                "refusing it"
+            )
+
+    def compose_node(self, parent: yaml.Node | None, index: int) -> yaml.Node | None:
+        if self.check_event(yaml.AliasEvent):
+            event: yaml.AliasEvent = self.peek_event()  # type: ignore[no-untyped-call]
+            anchor = event.anchor
+            target = self.anchors.get(anchor) if anchor is not None else None
+            if target is not None:
+                size = self._sizes.get(id(target))
+                if size is None:  # the anchor's node is still being composed
+                    raise ResolutionError(
+                        f"{self._what}: the YAML alias *{anchor} points into itself "
+                        "(recursive YAML): refusing it"
+                    )
+                self._add(size)
+            return super().compose_node(parent, index)  # an unknown alias: ComposerError
+        before = self._count
+        self._add(1)
+        node = super().compose_node(parent, index)
+        if node is not None:
+            self._sizes[id(node)] = self._count - before
+        return node
 
 
 def _describe(src: Source) -> str:
@@ -972,10 +1432,27 @@ def _read_entry(
         return None
 
 
+def _prepare_folder(folder: Path) -> None:
+    """Make ``folder`` (mode 0700), or make it 0700 if it exists with wider bits; an
+    OSError when it belongs to another user (whose entries we would trust)."""
+    folder.mkdir(mode=_FOLDER_MODE, parents=True, exist_ok=True)
+    if not hasattr(os, "getuid"):  # Windows: the user's profile folder is private
+        return
+    st = folder.stat()
+    if st.st_uid != os.getuid():
+        raise PermissionError(
+            f"it belongs to uid {st.st_uid}, not to this user (uid {os.getuid()}): "
+            "set StreamOptions.cache_dir or AIOSTREAM_HF_CACHE to a folder of your own"
+        )
+    if stat.S_IMODE(st.st_mode) != _FOLDER_MODE:
+        os.chmod(folder, _FOLDER_MODE)
+
+
 def _write_entry(path: Path, entry: Any) -> None:
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
     try:
-        with tmp.open("w", encoding="utf-8") as f:
+        with open(os.open(tmp, flags, _FILE_MODE), "w", encoding="utf-8") as f:
             json.dump(entry, f, separators=(",", ":"))
         os.replace(tmp, path)
     except OSError as exc:
