@@ -512,9 +512,12 @@ class RangeFetcher:
         if route is not None:  # not resolving: the bytes come from this answer
             pinned = self._versions.get((transfer.file.url, route.direct))
             etag = transfer.file.etag
-            if_match = pinned.if_match() if pinned is not None else None
-            if if_match is None and etag:
-                if_match = f'"{normalize_etag(etag)}"'
+            # Once pinned, only a strong ETag can go in If-Match (it compares strongly):
+            # a weak or missing one is checked against the pin instead.
+            if pinned is not None:
+                if_match = pinned.if_match()
+            else:
+                if_match = f'"{normalize_etag(etag)}"' if etag else None
             if if_match is not None:
                 headers["If-Match"] = if_match
             if pinned is not None and transfer.opened_at is not None:  # a resume

@@ -15,7 +15,7 @@ import anyio
 import httpx2
 import pytest
 
-from aiostream_hf._exceptions import FetchError, FileChangedError
+from aiostream_hf._exceptions import FetchError, FileChangedError, RetriesExhaustedError
 from aiostream_hf._fetcher import RangeFetcher
 from aiostream_hf._models import FileRef
 from aiostream_hf._options import StreamOptions
@@ -265,3 +265,57 @@ async def test_an_unknown_file_is_a_fetch_error_naming_the_url(
     assert info.value.status == 404
     assert missing.url in str(info.value)
     assert info.value.url == missing.url
+
+
+# -- one version per file, against the server's hostile modes ---------------------------------
+
+
+@pytest.mark.parametrize(
+    ("faults", "as_url"),
+    [
+        ({"ignore_if_match": ("cdn",)}, False),  # a Hub file whose CDN ignores If-Match
+        ({"ignore_if_match": ("cdn",)}, True),  # a URL source: no etag known beforehand
+        ({"etag_style": "weak"}, True),
+        ({"etag_style": "none"}, True),  # Last-Modified only
+        ({"etag_style": "none", "last_modified": False, "replace_size": 2_999_000}, True),
+        ({}, False),  # a server that honours If-Match: 412
+    ],
+)
+async def test_a_file_replaced_after_its_first_read_never_mixes_versions(
+    serve: Callable[..., Served], faults: dict[str, Any], as_url: bool
+) -> None:
+    """The footer-like tail read pins the version; the server then serves other bytes
+    for the file. Every later read fails with FileChangedError, or gives old bytes."""
+    s = serve(faults=Faults(replace_after=1, replace_path=BLOB, **faults))
+    ref = s.ref(BLOB)
+    if as_url:
+        ref = FileRef(url=ref.url, path=BLOB)  # no size, no etag: what a URL source knows
+    old = s.files[BLOB]
+    async with s.fetcher(max_retries=1) as f:
+        tail, _ = await f.read_tail(ref, 1000)
+        assert tail == old[-1000:]
+        with pytest.raises(FileChangedError, match="blob.parquet"):
+            await f.read(ref, 0, 1000)
+        with pytest.raises(FileChangedError):
+            async with f.iter_bytes(ref, block_size=1 << 20) as blocks:
+                async for _ in blocks:
+                    pass
+
+
+async def test_a_server_without_validators_is_counted(serve: Callable[..., Served]) -> None:
+    s = serve(faults=Faults(etag_style="none", last_modified=False))
+    ref = s.ref(BLOB)
+    async with s.fetcher() as f:
+        data = await f.read(FileRef(url=ref.url, path=BLOB), 0, 100)
+        stats = f.statistics()
+    assert data == s.files[BLOB][:100]
+    assert stats.unvalidated_files == 1
+
+
+async def test_a_trickling_server_is_given_up_on(serve: Callable[..., Served]) -> None:
+    """1 byte every 50 ms never trips a per-read timeout; min_throughput catches it."""
+    s = serve(faults=Faults(trickle_every=1, trickle_interval_ms=50, targets=("cdn",)))
+    async with s.fetcher(timeout=0.5, min_throughput=1000.0, max_retries=1) as f:
+        with pytest.raises(RetriesExhaustedError, match="min_throughput"):
+            await f.read(s.ref(BLOB), 0, 100_000)
+        assert f.statistics().stalls == 2

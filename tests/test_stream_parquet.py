@@ -363,3 +363,28 @@ async def test_readahead_budget_counts_decoded_rows(tmp_path: Path, output: str)
     assert got == n
     assert decoded_group <= stats.max_prefetched_bytes <= budget + 2 * decoded_group
     assert stats.max_prefetched < n // group
+
+
+@pytest.mark.parametrize("source", ["hub", "url"])
+async def test_a_file_replaced_mid_stream_gives_an_error_never_wrong_rows(
+    root: Path, tmp_path: Path, source: str
+) -> None:
+    """The server serves other bytes after the footer read, and its CDN ignores If-Match:
+    the rows decoded before the change are right, then FileChangedError names the file."""
+    repo = make_repo(root, "org/changing", {})
+    path = "data/train-00000-of-00001.parquet"
+    table = make_text_parquet(repo / path, rows=400, row_group_size=50)
+    faults = Faults(replace_after=1, replace_path=path, ignore_if_match=("cdn", "resolvers"))
+    rows: list[dict[str, Any]] = []
+    with HubServer(root, faults=faults) as hub:
+        src = (
+            "hf://datasets/org/changing"
+            if source == "hub"
+            else f"{hub.endpoint}/datasets/org/changing/resolve/main/{path}"
+        )
+        s = ash.stream(src, endpoint=hub.endpoint, options=_options(tmp_path, max_retries=1))
+        with pytest.raises(ash.FileChangedError, match="train-00000-of-00001.parquet"):
+            async with s:
+                async for row in s:
+                    rows.append(row)
+    assert rows == table.to_pylist()[: len(rows)]
