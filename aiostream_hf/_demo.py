@@ -22,13 +22,20 @@ The demo needs no network and no account. It
 It also holds the small helpers the CLI shares with it: a text table, byte
 sizes for humans, the contact sheet and a PNG writer (PyAV's ``png`` encoder:
 no Pillow).
+
+``python -m aiostream_hf._demo FILE`` runs the full demo and records what it
+prints in FILE, headed by the date, the machine and the command
+(``record_text``): the README's demo table is ``docs/demo-output.txt``, made so.
 """
 
 from __future__ import annotations
 
+import datetime
+import importlib.metadata
 import importlib.util
 import json
 import os
+import platform
 import shutil
 import subprocess
 import sys
@@ -55,6 +62,7 @@ __all__ = [
     "contact_sheet",
     "human_bytes",
     "png_bytes",
+    "record_text",
     "render_table",
     "run_demo",
     "write_png",
@@ -574,3 +582,105 @@ def run_demo(
             f"with {ours_n} requests against {theirs_n} (one run, same data, same server)",
         )
     return DemoReport(tuple(rows), folder, sheet, tuple(notes))
+
+
+# -- a recorded run ---------------------------------------------------------------------
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as info:
+            for line in info:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
+
+
+def _version(package: str) -> str:
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def _machine() -> str:
+    load = ""
+    if hasattr(os, "getloadavg"):
+        load = f"; load average {os.getloadavg()[0]:.1f} at the start"
+    return (
+        f"{platform.system()} {platform.machine()}, {os.cpu_count()} cores ({_cpu_model()}), "
+        f"Python {platform.python_version()}{load}"
+    )
+
+
+def _code() -> str:
+    """The commit the run's code is at, and the package files changed since (best effort)."""
+    package = Path(__file__).resolve().parent
+
+    def git(*args: str) -> str:
+        proc = subprocess.run(
+            ["git", *args], cwd=package, capture_output=True, text=True, check=False
+        )
+        return proc.stdout.rstrip() if proc.returncode == 0 else ""
+
+    commit = git("rev-parse", "--short", "HEAD")
+    if not commit:
+        return "not a git checkout"
+    changed = [line[3:] for line in git("status", "--porcelain", "--", ".").splitlines()]
+    return f"commit {commit}" + (
+        f", with uncommitted changes to {', '.join(changed)}" if changed else ""
+    )
+
+
+def record_text(
+    report: DemoReport,
+    *,
+    started: datetime.datetime,
+    seconds: float,
+    machine: str,
+    command: str,
+    code: str = "",
+) -> str:
+    """A recorded run: when, where and how, then the table and the notes the demo prints."""
+    from .__version__ import __version__
+
+    when = started.astimezone(datetime.timezone.utc)
+    header = [
+        f"aiostream-hf demo, recorded {when:%Y-%m-%d %H:%M} UTC",
+        f"machine: {machine}",
+        f"versions: aiostream-hf {__version__}, datasets {_version('datasets')}, "
+        f"pyarrow {_version('pyarrow')}, av {_version('av')}",
+        *([f"code: {code}"] if code else []),
+        f"command: {command}",
+        f"wall time: {seconds:.0f} s (writing the datasets included)",
+    ]
+    notes = [f"- {note}" for note in report.notes]
+    return "\n".join([*header, "", report.table(), "", *notes]) + "\n"
+
+
+def _record(argv: Sequence[str]) -> int:
+    """``python -m aiostream_hf._demo FILE``: the full demo, its output recorded in FILE."""
+    if len(argv) != 1:
+        print("usage: python -m aiostream_hf._demo FILE (e.g. docs/demo-output.txt)")
+        return 2
+    target = Path(argv[0])
+    machine = _machine()
+    started = datetime.datetime.now(datetime.timezone.utc)
+    clock = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="aiostream-hf-demo-") as out:
+        report = run_demo(out, log=lambda line: print(line, file=sys.stderr))
+    seconds = time.perf_counter() - clock
+    command = f"python -m aiostream_hf._demo {argv[0]} (the full demo, as `aiostream-hf demo`)"
+    text = record_text(
+        report, started=started, seconds=seconds, machine=machine, command=command, code=_code()
+    )
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(text, encoding="utf-8")
+    print(text, end="")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_record(sys.argv[1:]))
