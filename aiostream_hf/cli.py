@@ -9,7 +9,8 @@
 
 Every command that reads data takes ``--endpoint`` (default ``HF_ENDPOINT``, then
 https://huggingface.co) and ``--token`` (default ``HF_TOKEN``, then the login stored
-by ``hf auth login``). Bad input ends with a one-line ``Error: ...`` and exit code 1.
+by ``hf auth login``). Bad input ends with a one-line ``Error: ...`` and exit code 1;
+Ctrl-C with one line on stderr and exit code 130.
 """
 
 from __future__ import annotations
@@ -20,8 +21,9 @@ import platform
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import quote
 
 import anyio
@@ -29,19 +31,34 @@ import click
 
 from ._exceptions import AiostreamError
 
+if TYPE_CHECKING:
+    from ._client import HubClient
+    from ._describe import LeRobotSummary, WebDatasetSummary
+    from ._models import Manifest
+
 __all__ = ["main"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 
+#: The exit code of a command stopped by Ctrl-C: 128 + SIGINT, as shells report it.
+EXIT_INTERRUPTED = 130
+
+
 class _Group(click.Group):
-    """Turns library errors into a one-line message and exit code 1."""
+    """Turns library errors into a one-line message and exit code 1, and Ctrl-C into a
+    one-line message and exit code 130 (click's own answer would be 1)."""
 
     def invoke(self, ctx: click.Context) -> object:
         try:
             return super().invoke(ctx)
         except AiostreamError as exc:
             raise click.ClickException(" ".join(str(exc).split())) from exc
+        except KeyboardInterrupt:
+            # anyio.run (asyncio) cancels the command's task at the first SIGINT, lets
+            # its cleanup run, then raises KeyboardInterrupt here.
+            click.echo("Interrupted (Ctrl-C).", err=True)
+            raise click.exceptions.Exit(EXIT_INTERRUPTED) from None
 
 
 @click.group(cls=_Group)
@@ -93,57 +110,187 @@ def ls(
     """List the files, configs and splits of SOURCE, with their sizes.
 
     SOURCE is hf://datasets/ORG/NAME[@REV][/PATH-OR-GLOB], an http(s) URL (braces
-    expand: shard-{000..009}.tar) or a local path or glob.
+    expand: shard-{000..009}.tar) or a local path or glob. A LeRobot dataset (it has
+    meta/info.json) shows its episodes, frames, fps and cameras; WebDataset shards
+    show their count, size and the extensions of their first samples.
     """
     from ._demo import human_bytes, render_table
 
-    manifests = anyio.run(_resolve_all, source, config, split, endpoint, token)
-    first = manifests[0]
-    if first.repo_id is not None:
+    listing = anyio.run(_ls, source, config, split, endpoint, token)
+    manifests, meta, shards = listing.manifests, listing.lerobot, listing.webdataset
+    first = manifests[0] if manifests else None
+    if first is not None and first.repo_id is not None:
         where = f"{first.repo_id} @ {(first.commit or '?')[:12]}"
         click.echo(f"{where}  ({first.endpoint})")
     else:
         click.echo(source)
+    if meta is not None:
+        _echo_lerobot(meta)
+        return
+    assert first is not None
     if first.format:
         click.echo(f"format: {first.format}")
     click.echo()
+    if shards is not None:
+        _echo_webdataset(shards, default=first.config if config is None else None)
+        return
     rows = []
     for m in manifests:
         for split_name in m.splits:
             files = [f for f in m.files if f.split == split_name]
-            sizes = [f.size for f in files]
-            size = (
-                human_bytes(sum(s for s in sizes if s))
-                if all(s is not None for s in sizes)
-                else "?"
+            rows.append(
+                [_config_label(m, first, config), split_name, str(len(files)), _size(files)]
             )
-            label = (
-                f"{m.config} (default)"
-                if m is first and config is None and len(first.configs) > 1
-                else str(m.config)
-            )
-            rows.append([label, split_name, str(len(files)), size])
     click.echo(render_table(["config", "split", "files", "size"], rows, right=(2, 3)))
     click.echo()
     for m in manifests:
         click.echo(f"files of config {m.config!r}:")
-        listing = [
+        listing_rows = [
             [f.split or "", human_bytes(f.size) if f.size is not None else "?", f.path]
             for f in m.files
         ]
-        click.echo(render_table(["split", "size", "path"], listing, right=(1,)))
+        click.echo(render_table(["split", "size", "path"], listing_rows, right=(1,)))
+
+
+def _config_label(m: Manifest, first: Manifest, config: str | None) -> str:
+    if m is first and config is None and len(first.configs) > 1:
+        return f"{m.config} (default)"
+    return str(m.config)
+
+
+def _size(files: Sequence[Any]) -> str:
+    from ._demo import human_bytes
+
+    sizes = [f.size for f in files]
+    known = [s for s in sizes if s is not None]
+    return human_bytes(sum(known)) if len(known) == len(sizes) else "?"
+
+
+def _number(value: float) -> str:
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def _echo_lerobot(summary: LeRobotSummary) -> None:
+    from ._demo import human_bytes, render_table
+
+    data = f"{summary.data_files} data"
+    if summary.data_bytes is not None:
+        data += f" ({human_bytes(summary.data_bytes)})"
+    lines = [
+        ("format", "lerobot"),
+        ("codebase version", summary.version),
+        ("robot type", summary.robot_type or "-"),
+        ("episodes", f"{summary.episodes:,}"),
+        ("total frames", f"{summary.frames:,}"),
+        ("fps", _number(summary.fps)),
+        ("tasks", f"{summary.tasks:,}"),
+        ("splits", ", ".join(f"{k} {v}" for k, v in summary.splits.items()) or "-"),
+        ("files", f"{data}, {summary.video_files} video"),
+    ]
+    for label, value in lines:
+        click.echo(f"{label}: {value}")
+    click.echo()
+    if summary.cameras:
+        rows = [
+            [
+                c.key,
+                c.codec or "?",
+                c.resolution or "?",
+                "?" if c.fps is None else _number(c.fps),
+                c.pix_fmt or "?",
+            ]
+            for c in summary.cameras
+        ]
+        click.echo(render_table(["camera", "codec", "resolution", "fps", "pix_fmt"], rows))
+    else:
+        click.echo("cameras: none")
+    if summary.features:
+        click.echo()
+        rows = [[key, kind] for key, kind in summary.features.items()]
+        click.echo(render_table(["feature", "type"], rows))
+
+
+def _echo_webdataset(summary: WebDatasetSummary, default: str | None) -> None:
+    from ._demo import human_bytes, render_table
+
+    several = len({g.config for g in summary.groups}) > 1
+    rows = [
+        [
+            f"{g.config} (default)" if several and g.config == default else str(g.config),
+            str(g.split),
+            f"{g.count:,}",
+            "?" if g.size is None else human_bytes(g.size),
+            g.first,
+            g.last,
+        ]
+        for g in summary.groups
+    ]
+    headers = ["config", "split", "shards", "size", "first", "last"]
+    click.echo(render_table(headers, rows, right=(2, 3)))
+    click.echo()
+    if summary.sampled_from is None:
+        click.echo("samples: none (no shard)")
+    elif not summary.sampled:
+        click.echo(f"samples: none in {summary.sampled_from}")
+    else:
+        exts = ", ".join(summary.extensions) or "(none)"
+        n = summary.sampled
+        click.echo(
+            f"extensions: {exts}  (the first {n} sample{'s' if n != 1 else ''} "
+            f"of {summary.sampled_from})"
+        )
+
+
+@dataclass(frozen=True)
+class _Listing:
+    manifests: list[Manifest]
+    lerobot: LeRobotSummary | None = None
+    webdataset: WebDatasetSummary | None = None
+
+
+async def _ls(
+    source: str, config: str | None, split: str | None, endpoint: str | None, token: str | None
+) -> _Listing:
+    """What ``ls`` shows: the manifests, and what a LeRobot or WebDataset dataset adds."""
+    from . import _describe
+    from ._client import HubClient
+
+    async with HubClient() as client:
+        folder = _describe.local_lerobot(source)
+        if folder is not None:
+            meta = await _describe.load_lerobot(
+                str(folder), token=token, endpoint=endpoint, client=client
+            )
+            return _Listing([], lerobot=_describe.LeRobotSummary.from_metadata(meta))
+        manifests = await _resolve_all(source, config, split, endpoint, token, client)
+        found = await _describe.find_lerobot(
+            source, manifests[0], token=token, endpoint=endpoint, client=client
+        )
+        if found is not None:
+            return _Listing(manifests, lerobot=_describe.LeRobotSummary.from_metadata(found))
+        if manifests[0].format == "webdataset":
+            shards = await _describe.webdataset_summary(
+                manifests, token=token, endpoint=endpoint, client=client
+            )
+            return _Listing(manifests, webdataset=shards)
+        return _Listing(manifests)
 
 
 async def _resolve_all(
-    source: str, config: str | None, split: str | None, endpoint: str | None, token: str | None
-) -> list[Any]:
+    source: str,
+    config: str | None,
+    split: str | None,
+    endpoint: str | None,
+    token: str | None,
+    client: HubClient | None = None,
+) -> list[Manifest]:
     """The manifest of the selected (or default) config, then those of the other configs.
 
     The Resolver keeps the pin, tree and card in memory: the other configs cost no request.
     """
     from ._resolver import Resolver
 
-    async with Resolver() as resolver:
+    async with Resolver(client=client) as resolver:
         first = await resolver.resolve(
             source, config=config, split=split, endpoint=endpoint, token=token
         )
@@ -182,8 +329,9 @@ def head(
 ) -> None:
     """Print the first N samples of SOURCE; binary fields show as <bytes: 1234 B>.
 
-    Only what those samples need is read (for Parquet, the first row group of the
-    columns asked for).
+    WebDataset payloads of text-like extensions (.txt, .cls, .json...) show as their
+    value, decoded as webdataset's default decoders do. Only what those samples need
+    is read (for Parquet, the first row group of the columns asked for).
     """
     samples = anyio.run(_head, source, n, _split_columns(columns), split, config, endpoint, token)
     if not samples:
@@ -217,6 +365,16 @@ async def _head(
             samples.append(sample)
             if len(samples) >= n:
                 break
+    manifest = s.manifest
+    if manifest is not None and manifest.format == "webdataset":
+        from ._describe import payload_value
+
+        # Text-like payloads (.cls, .txt, .json...) as webdataset's default decoders
+        # give them; images and other binary payloads stay bytes.
+        samples = [
+            {k: v if k.startswith("__") else payload_value(k, v) for k, v in sample.items()}
+            for sample in samples
+        ]
     return samples
 
 
@@ -402,7 +560,11 @@ async def _bench(
         "requests": _client_requests(stats),
         "retries": int(stats.fetcher.get("retries", 0)) + int(stats.resolver.get("retries", 0)),
         "throttled": int(stats.fetcher.get("throttled", 0)),
-        "options": {k: v for k, v in kwargs.items() if k not in ("options", "token")},
+        "options": {
+            **{k: v for k, v in kwargs.items() if k not in ("options", "token")},
+            # the endpoint used: --endpoint, else HF_ENDPOINT, else the Hub (None: no Hub)
+            "endpoint": _endpoint_used(s, kwargs.get("endpoint")),
+        },
         "environment": {
             "aiostream_hf": __version__,
             "python": platform.python_version(),
@@ -410,6 +572,15 @@ async def _bench(
             "cpu_count": os.cpu_count(),
         },
     }
+
+
+def _endpoint_used(s: Any, given: str | None) -> str | None:
+    """The Hub endpoint a stream read from: its manifest's (the resolver's choice among
+    ``--endpoint``, ``HF_ENDPOINT`` and the default), else the one given."""
+    manifest = s.manifest
+    if manifest is not None and manifest.endpoint is not None:
+        return str(manifest.endpoint)
+    return given
 
 
 def _count(item: Any) -> int:
@@ -460,7 +631,7 @@ def _timestamps(ctx: click.Context, param: click.Parameter, value: str) -> list[
 @click.option(
     "--tolerance",
     type=click.FloatRange(min=0),
-    help="Seconds a frame may lie from its timestamp (default: half a frame).",
+    help="Take the nearest frame within these seconds (default: the frame on screen).",
 )
 @_hub_options
 def frames(
@@ -519,8 +690,7 @@ async def _frames(
     source = _video_url(url, endpoint)
     async with RangeFetcher(options, token=token, endpoint=endpoint) as fetcher:
         async with video.open(source, fetcher=fetcher) as reader:
-            tol = 0.5 / reader.fps if tolerance is None else tolerance
-            got = await reader.frames_at(at, tolerance_s=tol)
+            got = await reader.frames_at(at, tolerance_s=tolerance)  # None: the frame on screen
             info = {"width": reader.width, "height": reader.height, "codec": reader.codec}
             size = reader.file.size
         stats = fetcher.statistics()

@@ -8,10 +8,16 @@ no traceback, and, for bad input the library rejects, exactly one line: ``Error:
 from __future__ import annotations
 
 import json
+import os
+import pickle
 import re
+import select
+import signal
 import subprocess
 import sys
+import tarfile
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
@@ -22,10 +28,15 @@ import numpy as np
 import pytest
 from click.testing import CliRunner, Result
 
+from aiostream_hf._demo import human_bytes
+from aiostream_hf._describe import payload_value
 from aiostream_hf.cli import main, summarize
 from aiostream_hf.testing import (
+    Faults,
     HubServer,
+    LeRobotLayout,
     make_image_parquet,
+    make_lerobot_dataset,
     make_repo,
     make_repo_split_naming,
     make_repo_yaml_configs,
@@ -33,6 +44,15 @@ from aiostream_hf.testing import (
 )
 
 FPS, W, H = 10, 64, 48
+CAMERAS = ("observation.images.front", "observation.images.wrist")
+LEROBOT: dict[str, Any] = {
+    "fps": FPS,
+    "width": W,
+    "height": H,
+    "codec": "h264",
+    "cameras": CAMERAS,
+    "episodes_per_video_file": 2,
+}
 
 
 def _encode_mp4(path: Path, frames: int) -> None:
@@ -49,8 +69,14 @@ def _encode_mp4(path: Path, frames: int) -> None:
         container.mux(s.encode(None))
 
 
+@dataclass(frozen=True)
+class _Data:
+    root: Path
+    robots: dict[str, LeRobotLayout]  # repo id -> what make_lerobot_dataset wrote
+
+
 @pytest.fixture(scope="module")
-def hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HubServer]:
+def data(tmp_path_factory: pytest.TempPathFactory) -> _Data:
     root = tmp_path_factory.mktemp("hub")
     make_repo_yaml_configs(root)  # org/yaml-configs: en (train 2 files, test 1), fr (train 2)
     make_repo_split_naming(root)  # org/split-naming: train 100 rows, test 50
@@ -58,9 +84,27 @@ def hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HubServer]:
     make_image_parquet(images / "data/train-00000-of-00001.parquet", rows=12)
     shards = make_repo(root, "org/shards", {"README.md": "# shards\n"})
     make_webdataset_shards(shards, shards=2, samples_per_shard=3)
+    many = make_repo(root, "org/many-samples", {"README.md": "# many\n"})
+    make_webdataset_shards(many, shards=1, samples_per_shard=40)
+    uneven = make_repo(root, "org/uneven-shards", {"README.md": "# uneven\n"})
+    make_webdataset_shards(uneven, shards=1, samples_per_shard=3, prefix="a")  # ~12 kB
+    make_webdataset_shards(uneven, shards=1, samples_per_shard=300, prefix="b")  # ~1.2 MB
     robot = make_repo(root, "org/robot", {"README.md": "# robot\n"})
     _encode_mp4(robot / "videos/episode_000000.mp4", frames=30)
-    with HubServer(root) as server:
+    robots = {
+        # LeRobot v3.0 on the Hub: 3 episodes, 2 cameras, 2 episodes per video file
+        "org/lerobot": make_lerobot_dataset(root, "org/lerobot", episodes=(12, 9, 10), **LEROBOT),
+        # LeRobot v2.1, read as a local folder: one data file and one video per episode
+        "org/lerobot-v21": make_lerobot_dataset(
+            root, "org/lerobot-v21", version="v2.1", episodes=(8, 7), **LEROBOT
+        ),
+    }
+    return _Data(root, robots)
+
+
+@pytest.fixture(scope="module")
+def hub(data: _Data) -> Iterator[HubServer]:
+    with HubServer(data.root) as server:
         yield server
 
 
@@ -141,14 +185,112 @@ def test_ls_one_config_and_split(hub: HubServer) -> None:
     assert "en/" not in out
 
 
-def test_ls_webdataset_and_local_files(hub: HubServer) -> None:
+def _shard_keys(path: Path) -> dict[str, dict[str, bytes]]:
+    """The samples of a TAR shard, read with tarfile: key -> extension -> payload."""
+    samples: dict[str, dict[str, bytes]] = {}
+    with tarfile.open(path) as tar:
+        for member in tar:
+            key, _, ext = member.name.partition(".")
+            body = tar.extractfile(member)
+            assert body is not None
+            samples.setdefault(key, {})[ext] = body.read()
+    return samples
+
+
+def _extensions_line(out: str) -> tuple[set[str], str]:
+    (line,) = [line for line in out.splitlines() if line.startswith("extensions: ")]
+    exts, _, where = line.removeprefix("extensions: ").partition("  ")
+    return set(exts.split(", ")), where
+
+
+def test_ls_webdataset_shows_shards_and_extensions(hub: HubServer) -> None:
     out = ok(run("ls", "hf://datasets/org/shards", *endpoint(hub)))
+    assert out.startswith("org/shards @ ")
     assert "format: webdataset" in out
-    assert "train-000000.tar" in out
-    assert "train-000001.tar" in out
+    shards = sorted((hub.root / "datasets/org/shards").glob("*.tar"))
+    size = human_bytes(sum(p.stat().st_size for p in shards))
+    (row,) = [line.split() for line in out.splitlines() if line.startswith("default ")]
+    assert row == ["default", "train", "2", *size.split(), "train-000000.tar", "train-000001.tar"]
+    exts, where = _extensions_line(out)
+    assert exts == set(_shard_keys(shards[0])["sample00000000"]) == {"jpg", "json", "cls"}
+    assert where == "(the first 3 samples of train-000000.tar)"  # the first shard only
+    assert "files of config" not in out  # a shard summary, not every file
+
+
+def test_ls_webdataset_reads_a_few_samples_of_a_big_shard(hub: HubServer) -> None:
+    out = ok(run("ls", "hf://datasets/org/many-samples", *endpoint(hub)))
+    exts, where = _extensions_line(out)
+    assert exts == {"jpg", "json", "cls"}
+    assert where == "(the first 5 samples of train-000000.tar)"  # of its 40
+
+
+def test_ls_local_webdataset_files(hub: HubServer) -> None:
     local = hub.root / "datasets/org/shards/train-{000000..000001}.tar"
     out = ok(run("ls", str(local)))
-    assert "train-000001.tar" in out
+    assert out.startswith(str(local))
+    assert "format: webdataset" in out
+    (row,) = [line.split() for line in out.splitlines() if line.startswith("default ")]
+    assert row[:3] == ["default", "train", "2"]
+    assert row[-2:] == ["train-000000.tar", "train-000001.tar"]
+    assert _extensions_line(out)[0] == {"jpg", "json", "cls"}
+
+
+def _size_of(folder: Path) -> int:
+    return sum(p.stat().st_size for p in folder.rglob("*.parquet"))
+
+
+def _camera_rows(out: str) -> list[list[str]]:
+    return [line.split() for line in out.splitlines() if line.startswith("observation.images.")]
+
+
+def test_ls_recognises_a_lerobot_dataset_on_the_hub(hub: HubServer, data: _Data) -> None:
+    robot = data.robots["org/lerobot"]
+    out = ok(run("ls", "hf://datasets/org/lerobot", *endpoint(hub)))
+    assert out.startswith("org/lerobot @ ")
+    lines = out.splitlines()
+    assert lines[1:11] == [
+        "format: lerobot",
+        "codebase version: v3.0",
+        f"robot type: {robot.info['robot_type']}",
+        "episodes: 3",
+        f"total frames: {robot.total_frames}",
+        f"fps: {FPS}",
+        f"tasks: {len(robot.tasks)}",
+        "splits: train 0:3",
+        # 3 episodes, 2 per video file: 2 files per camera
+        f"files: 1 data ({human_bytes(_size_of(robot.path / 'data'))}), 4 video",
+        "",
+    ]
+    assert "format: parquet" not in out
+    assert _camera_rows(out) == [[key, "h264", f"{W}x{H}", str(FPS), "yuv420p"] for key in CAMERAS]
+    features = [line.split() for line in lines[lines.index("") + 1 :]]
+    assert ["observation.state", "float32", "[6]"] in features
+    assert ["task_index", "int64"] in features
+
+
+def test_ls_recognises_a_local_lerobot_v21_folder(data: _Data) -> None:
+    robot = data.robots["org/lerobot-v21"]
+    out = ok(run("ls", str(robot.path)))
+    lines = out.splitlines()
+    assert lines[:3] == [str(robot.path), "format: lerobot", "codebase version: v2.1"]
+    assert "episodes: 2" in lines
+    assert f"total frames: {robot.total_frames}" in lines
+    assert f"files: 2 data ({human_bytes(_size_of(robot.path / 'data'))}), 4 video" in lines
+    assert _camera_rows(out) == [[key, "h264", f"{W}x{H}", str(FPS), "yuv420p"] for key in CAMERAS]
+
+
+def test_ls_a_parquet_repo_is_not_lerobot(hub: HubServer) -> None:
+    """A Parquet repo is not taken for LeRobot (it has no meta/info.json)."""
+    out = ok(run("ls", "hf://datasets/org/split-naming", *endpoint(hub)))
+    assert "format: parquet" in out
+    assert "codebase version" not in out
+
+
+def test_ls_a_lerobot_error_is_one_line(hub: HubServer, tmp_path: Path) -> None:
+    folder = tmp_path / "robot"
+    (folder / "meta").mkdir(parents=True)
+    (folder / "meta/info.json").write_text('{"codebase_version": "v1.6"}')
+    one_line_error(run("ls", str(folder)), "v1.6", "v3.0")
 
 
 @pytest.mark.parametrize(
@@ -193,10 +335,33 @@ def test_head_columns_split_and_width(hub: HubServer) -> None:
 
 
 def test_head_webdataset_samples(hub: HubServer) -> None:
-    out = ok(run("head", "hf://datasets/org/shards", "-n", "1", *endpoint(hub)))
-    assert "__key__  'sample00000000'" in out
-    assert "jpg      <bytes: " in out
-    assert "cls      <bytes: 1 B>" in out
+    out = ok(run("head", "hf://datasets/org/shards", "-n", "2", *endpoint(hub)))
+    shard = _shard_keys(hub.root / "datasets/org/shards/train-000000.tar")
+    first, second = out.split("\n\n")
+    for text, key in ((first, "sample00000000"), (second, "sample00000001")):
+        sample = shard[key]
+        assert f"__key__  '{key}'" in text
+        assert f"jpg      <bytes: {len(sample['jpg'])} B>" in text  # binary: its size
+        assert f"cls      {int(sample['cls'])}\n" in text  # text-like: its value
+        meta = json.loads(sample["json"])
+        (line,) = [line for line in text.splitlines() if line.startswith("  json ")]
+        assert line.startswith(f"  json     {{caption: {meta['caption'][:20]!r}"[:-1])
+        assert line.endswith(f", index: {meta['index']}, seed: {meta['seed']}}}")
+
+
+def test_payload_value_decodes_text_like_extensions_only() -> None:
+    assert payload_value("cls", b"7") == 7
+    assert payload_value("cls2", b" 12\n") == 12
+    assert payload_value("txt", "héllo".encode()) == "héllo"
+    assert payload_value("seg.txt", b"a") == "a"  # the last extension counts
+    assert payload_value("json", b'{"a": [1, 2]}') == {"a": [1, 2]}
+    assert payload_value("jpg", b"\xff\xd8") == b"\xff\xd8"
+    assert payload_value("cls", b"\xff") == b"\xff"  # not a number: stays bytes
+    assert payload_value("txt", b"\xff\xfe") == b"\xff\xfe"  # not UTF-8: stays bytes
+    pickled = pickle.dumps({"x": 1})
+    assert payload_value("pickle", pickled) == pickled  # never unpickled
+    assert payload_value("npy", b"\x93NUMPY") == b"\x93NUMPY"
+    assert payload_value("cls", 3) == 3
 
 
 def test_head_errors(hub: HubServer) -> None:
@@ -231,12 +396,30 @@ def test_bench_json(hub: HubServer) -> None:
     assert result["bytes_received"] > 0
     assert result["mb_per_s"] > 0
     assert result["time_to_first_sample"] > 0
+    assert result["options"]["endpoint"] == hub.endpoint
     requests = result["requests"]
     # pin + tree listing, one /resolve/ per file, footer + row groups on the CDN
     assert requests["api"] == 2
     assert requests["resolvers"] == 2
     assert requests["cdn"] >= 2
     assert requests["total"] == requests["api"] + requests["resolvers"] + requests["cdn"]
+
+
+def test_bench_json_reports_the_endpoint_of_hf_endpoint(
+    hub: HubServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HF_ENDPOINT", hub.endpoint)
+    args = ["--json", "--no-progress", "--split", "test"]
+    result = json.loads(ok(run("bench", "hf://datasets/org/split-naming", *args)))
+    assert result["samples"] == 50
+    assert result["options"]["endpoint"] == hub.endpoint
+
+
+def test_bench_json_of_local_files_has_no_endpoint(hub: HubServer) -> None:
+    local = hub.root / "datasets/org/split-naming/data/test-00000-of-00001.parquet"
+    result = json.loads(ok(run("bench", str(local), "--json", "--no-progress")))
+    assert result["samples"] == 50
+    assert result["options"]["endpoint"] is None  # no Hub was asked
 
 
 def test_bench_table_and_progress_bar(hub: HubServer) -> None:
@@ -259,6 +442,62 @@ def test_bench_arrow_batches(hub: HubServer) -> None:
 def test_bench_errors(hub: HubServer) -> None:
     one_line_error(run("bench", "hf://datasets/org/nope", *endpoint(hub)), "org/nope")
     usage_error(run("bench", "hf://datasets/org/images", "--limit", "0", *endpoint(hub)))
+
+
+# -- Ctrl-C -----------------------------------------------------------------------------
+
+
+def _read_until(proc: subprocess.Popen[bytes], needle: bytes, timeout: float) -> bytes:
+    """What ``proc`` wrote on stderr until ``needle`` appeared (or it ended, or timeout)."""
+    assert proc.stderr is not None
+    fd = proc.stderr.fileno()
+    seen = b""
+    while needle not in seen:
+        ready, _, _ = select.select([fd], [], [], timeout)
+        if not ready:
+            break
+        block = os.read(fd, 65536)
+        if not block:
+            break
+        seen += block
+    return seen
+
+
+def test_ctrl_c_exits_130_with_one_line_and_no_traceback(hub: HubServer) -> None:
+    """SIGINT while `bench` streams: the Hub server trickles every body at 20 kB/s, so
+    the small first shard is read (the bar appears) while the big second one still goes."""
+    # As an interactive shell starts it: SIGINT raises KeyboardInterrupt (a test runner
+    # started in the background may pass SIGINT on as ignored).
+    code = (
+        "import signal; signal.signal(signal.SIGINT, signal.default_int_handler); "
+        "from aiostream_hf.cli import main; main()"
+    )
+    # A trickle ends as soon as its client has gone: the server closes at once.
+    slow = Faults(trickle_rate=1.0, trickle_bytes=2048, trickle_interval_ms=100)
+    with HubServer(hub.root, faults=slow) as server:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", code, "bench", "hf://datasets/org/uneven-shards"]
+            + ["--endpoint", server.endpoint],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+        try:
+            started = _read_until(proc, b"bench: ", timeout=60)  # the bar: samples arrive
+            assert b"bench: " in started, started.decode()
+            proc.send_signal(signal.SIGINT)
+            out, err = proc.communicate(timeout=60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+    stderr = (started + err).decode()
+    assert proc.returncode == 130, stderr
+    assert "Traceback" not in stderr
+    assert stderr.splitlines()[-1] == "Interrupted (Ctrl-C)."
+    assert "Aborted" not in stderr
+    assert out == b""  # no result table for an interrupted run
 
 
 # -- frames -----------------------------------------------------------------------------

@@ -1,0 +1,347 @@
+"""What ``aiostream-hf ls`` and ``head`` tell of a dataset beyond its list of files.
+
+- ``local_lerobot`` / ``find_lerobot``: whether a local folder or a Hub dataset is a
+  LeRobot dataset (it has ``meta/info.json``), and its metadata, read by
+  ``aiostream_hf.lerobot``; ``LeRobotSummary`` is what ``ls`` shows of it
+  (codebase version, episodes, frames, fps, cameras as ``info.json`` describes them,
+  the data and video file counts).
+- ``webdataset_summary``: the shards of each split (count, total size, first and last)
+  and the extensions the first samples of the first shard carry, read through the
+  library's own stream and stopped after a few samples.
+- ``payload_value``: a WebDataset payload of a text-like extension (``.txt``,
+  ``.cls``, ``.json``...) decoded as webdataset's default decoders decode it; other
+  payloads stay bytes.
+
+Rendering is the CLI's (``cli.py``); nothing here prints.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import posixpath
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+from urllib.parse import quote
+
+from ._client import HubClient
+from ._exceptions import FetchError
+from ._models import FileRef, Manifest
+from ._sources import HubSource, has_glob, parse_sources
+
+if TYPE_CHECKING:
+    from .lerobot import LeRobotMetadata
+
+__all__ = [
+    "Camera",
+    "LeRobotSummary",
+    "ShardGroup",
+    "WebDatasetSummary",
+    "find_lerobot",
+    "load_lerobot",
+    "local_lerobot",
+    "payload_value",
+    "webdataset_summary",
+]
+
+_INFO = "meta/info.json"
+_PEEK_SAMPLES = 5  # samples of the first shard ``ls`` reads to learn the extensions
+
+# The extensions of webdataset's default decoders (``autodecode.basichandlers``) whose
+# payloads are text or numbers: shown as their value. Pickle, torch and the binary
+# tensor formats are left out on purpose: ``head`` never runs what a dataset holds.
+TEXT_EXTENSIONS = frozenset(
+    ("txt", "text", "transcript", "cls", "cls2", "index", "inx", "id", "json", "jsn")
+)
+
+
+# -- LeRobot ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Camera:
+    """One video feature of a LeRobot dataset, as ``meta/info.json`` describes it."""
+
+    key: str
+    codec: str | None
+    width: int | None
+    height: int | None
+    fps: float | None
+    pix_fmt: str | None
+
+    @property
+    def resolution(self) -> str | None:
+        if self.width is None or self.height is None:
+            return None
+        return f"{self.width}x{self.height}"
+
+
+@dataclass(frozen=True)
+class LeRobotSummary:
+    """What ``ls`` shows of a LeRobot dataset."""
+
+    source: str
+    version: str
+    robot_type: str | None
+    episodes: int
+    frames: int
+    fps: float
+    tasks: int
+    splits: Mapping[str, str]
+    cameras: tuple[Camera, ...]
+    data_files: int
+    data_bytes: int | None  # None when a data file's size is unknown
+    video_files: int
+    commit: str | None = None
+    endpoint: str | None = None
+    features: Mapping[str, str] = field(default_factory=dict)  # data key -> "dtype [shape]"
+
+    @classmethod
+    def from_metadata(cls, meta: LeRobotMetadata) -> LeRobotSummary:
+        info = meta.info
+        data = {e.data_file.path: e.data_file for e in meta.episodes}
+        videos = {span.file.path for e in meta.episodes for span in e.videos.values()}
+        sizes = [f.size for f in data.values()]
+        robot = info.get("robot_type")
+        splits = info.get("splits")
+        return cls(
+            source=meta.source,
+            version=meta.version,
+            robot_type=robot if isinstance(robot, str) else None,
+            episodes=len(meta.episodes),
+            frames=meta.total_frames,
+            fps=meta.fps,
+            tasks=len(meta.tasks),
+            splits=(
+                {str(k): str(v) for k, v in splits.items()} if isinstance(splits, Mapping) else {}
+            ),
+            cameras=tuple(_camera(k, meta.features[k]) for k in meta.video_keys),
+            data_files=len(data),
+            data_bytes=sum(s for s in sizes if s is not None)
+            if all(s is not None for s in sizes)
+            else None,
+            video_files=len(videos),
+            commit=meta.commit,
+            endpoint=meta.endpoint,
+            features={k: _feature_type(meta.features[k]) for k in meta.data_keys},
+        )
+
+
+def _camera(key: str, feature: Mapping[str, Any]) -> Camera:
+    """A camera from its feature: ``info`` (``video.codec``, ``video.width``...; LeRobot
+    v2.0 named it ``video_info``), else the ``shape`` and its ``names``."""
+    info = feature.get("info") or feature.get("video_info") or {}
+    if not isinstance(info, Mapping):
+        info = {}
+    width, height = _number(info.get("video.width")), _number(info.get("video.height"))
+    shape, names = feature.get("shape"), feature.get("names")
+    if (width is None or height is None) and isinstance(shape, Sequence) and len(shape) == 3:
+        order = list(names) if isinstance(names, Sequence) else ["height", "width", "channels"]
+        dims = dict(zip(order, shape, strict=False))
+        width = width if width is not None else _number(dims.get("width"))
+        height = height if height is not None else _number(dims.get("height"))
+    codec, pix_fmt = info.get("video.codec"), info.get("video.pix_fmt")
+    fps = info.get("video.fps")
+    return Camera(
+        key=key,
+        codec=codec if isinstance(codec, str) else None,
+        width=None if width is None else int(width),
+        height=None if height is None else int(height),
+        fps=float(fps) if isinstance(fps, (int, float)) and not isinstance(fps, bool) else None,
+        pix_fmt=pix_fmt if isinstance(pix_fmt, str) else None,
+    )
+
+
+def _number(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _feature_type(feature: Mapping[str, Any]) -> str:
+    dtype, shape = feature.get("dtype", "?"), feature.get("shape")
+    if isinstance(shape, Sequence) and list(shape) != [1]:
+        return f"{dtype} {list(shape)}"
+    return str(dtype)
+
+
+def local_lerobot(source: str) -> Path | None:
+    """The folder ``source`` names if it is a local LeRobot dataset (has ``meta/info.json``)."""
+    if re.match(r"^[a-zA-Z][a-zA-Z0-9+.-]*://", source) or has_glob(source):
+        return None
+    folder = Path(source).expanduser()
+    return folder if (folder / _INFO).is_file() else None
+
+
+def _info_url(source: str, manifest: Manifest) -> str | None:
+    """The ``/resolve/`` URL of ``meta/info.json`` at the commit of ``manifest``, if the Hub
+    ``source`` (a repo or a folder of one, with Parquet files) may be a LeRobot dataset."""
+    if manifest.format != "parquet" or manifest.commit is None or manifest.endpoint is None:
+        return None  # LeRobot frames are Parquet
+    sources = parse_sources(source)
+    src = sources[0] if len(sources) == 1 else None
+    if not isinstance(src, HubSource):
+        return None
+    folder = (src.path or "").strip("/")
+    if has_glob(folder) or any(f.path == folder for f in manifest.files):
+        return None  # a glob or one file, not a dataset's folder
+    prefix = f"{folder}/" if folder else ""
+    base = f"{manifest.endpoint}/datasets/{src.repo_id}/resolve/{manifest.commit}/"
+    return base + quote(prefix + _INFO)
+
+
+async def load_lerobot(
+    source: str, *, token: str | None, endpoint: str | None, client: HubClient
+) -> LeRobotMetadata:
+    """The metadata of the LeRobot dataset ``source``, read by ``aiostream_hf.lerobot``."""
+    from . import lerobot
+
+    s = lerobot.stream(source, split=None, token=token, endpoint=endpoint, client=client)
+    async with s:
+        return await s.load_metadata()
+
+
+async def find_lerobot(
+    source: str,
+    manifest: Manifest,
+    *,
+    token: str | None,
+    endpoint: str | None,
+    client: HubClient,
+) -> LeRobotMetadata | None:
+    """The metadata of the Hub dataset ``source`` (resolved to ``manifest``) if it is a
+    LeRobot dataset, else None.
+
+    A dataset is LeRobot when it has ``meta/info.json``: that costs one read (a 404 when
+    absent). Then ``aiostream_hf.lerobot`` reads the metadata at the manifest's commit,
+    and an error of a LeRobot dataset (a missing episodes file...) is raised.
+    """
+    url = _info_url(source, manifest)
+    endpoint = manifest.endpoint or endpoint  # the Hub it was resolved at (tokens go there)
+    if url is None or not await _exists(url, token=token, endpoint=endpoint, client=client):
+        return None
+    src = parse_sources(source)[0]
+    assert isinstance(src, HubSource)
+    pinned = HubSource(src.repo_id, manifest.commit, src.path).uri  # the listing's commit
+    return await load_lerobot(pinned, token=token, endpoint=endpoint, client=client)
+
+
+async def _exists(url: str, *, token: str | None, endpoint: str | None, client: HubClient) -> bool:
+    from ._fetcher import RangeFetcher
+
+    async with RangeFetcher(token=token, endpoint=endpoint, client=client) as fetcher:
+        try:
+            await fetcher.read_tail(FileRef(url, _INFO), 1)
+        except FetchError as exc:
+            if exc.status == 404:
+                return False
+            raise
+    return True
+
+
+# -- WebDataset -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ShardGroup:
+    """The shards of one split of one config."""
+
+    config: str | None
+    split: str | None
+    count: int
+    size: int | None  # None when a shard's size is unknown
+    first: str
+    last: str
+
+
+@dataclass(frozen=True)
+class WebDatasetSummary:
+    """The shards per split, and the extensions of the first samples of the first shard."""
+
+    groups: tuple[ShardGroup, ...]
+    extensions: tuple[str, ...]  # in the order they first appear
+    sampled: int  # samples read to learn them
+    sampled_from: str | None  # the shard they were read from
+
+
+def _name(file: FileRef, hub: bool) -> str:
+    return file.path if hub else posixpath.basename(file.path.replace("\\", "/"))
+
+
+def shard_groups(manifests: Sequence[Manifest]) -> tuple[ShardGroup, ...]:
+    groups = []
+    for m in manifests:
+        hub = m.repo_id is not None
+        for split in m.splits:
+            files = [f for f in m.files if f.split == split]
+            if not files:
+                continue
+            sizes = [f.size for f in files]
+            groups.append(
+                ShardGroup(
+                    config=m.config,
+                    split=split,
+                    count=len(files),
+                    size=sum(s for s in sizes if s is not None)
+                    if all(s is not None for s in sizes)
+                    else None,
+                    first=_name(files[0], hub),
+                    last=_name(files[-1], hub),
+                )
+            )
+    return tuple(groups)
+
+
+async def webdataset_summary(
+    manifests: Sequence[Manifest],
+    *,
+    token: str | None,
+    endpoint: str | None,
+    client: HubClient,
+    samples: int = _PEEK_SAMPLES,
+) -> WebDatasetSummary:
+    """The shard groups of ``manifests``, and the extensions of the first ``samples``
+    samples of the first shard (read with ``stream``, which stops there)."""
+    from ._stream import stream
+
+    groups = shard_groups(manifests)
+    first = next((m for m in manifests if m.files), None)
+    if first is None:
+        return WebDatasetSummary(groups, (), 0, None)
+    shard = first.files[0]
+    one = dataclasses.replace(
+        first, files=(shard,), split=shard.split, splits={shard.split or "train": 1}
+    )
+    seen: dict[str, None] = {}
+    count = 0
+    s = stream(one, token=token, endpoint=endpoint, client=client)
+    async with s:
+        async for sample in s:
+            count += 1
+            for key in sample:
+                if not key.startswith("__"):
+                    seen.setdefault(key, None)
+            if count >= samples:
+                break
+    return WebDatasetSummary(groups, tuple(seen), count, _name(shard, first.repo_id is not None))
+
+
+# -- head -------------------------------------------------------------------------------
+
+
+def payload_value(key: str, value: Any) -> Any:
+    """A WebDataset payload as ``head`` shows it: text-like extensions (``TEXT_EXTENSIONS``)
+    decoded by webdataset's own default handlers (``.cls`` -> int, ``.txt`` -> str,
+    ``.json`` -> its value); anything else, or a payload they cannot decode, unchanged."""
+    if not isinstance(value, (bytes, bytearray, memoryview)):
+        return value
+    extension = key.rsplit(".", 1)[-1].lower()
+    if extension not in TEXT_EXTENSIONS:
+        return value
+    from webdataset import autodecode
+
+    try:
+        decoded = autodecode.basichandlers(extension, bytes(value))
+    except ValueError:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+        return value
+    return value if decoded is None else decoded
