@@ -46,7 +46,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 DEMO_RECORD = ROOT / "docs" / "demo-output.txt"
 
-_FENCE = re.compile(r"^(`{3,})(\S*)\s*$")
+_FENCE = re.compile(r"^\s*(`{3,})(\S*)\s*$")  # indented fences too (in list items)
 _SKIP = re.compile(r"^<!--\s*snippet:\s*not run\s*\((?P<why>[^)]+)\)\s*-->\s*$")
 _ANY_MARKER = re.compile(r"<!--\s*snippet:")
 _TORCH = re.compile(r"^\s*(from|import) (torch|torchdata)\b|aiostream_hf\.torch", re.M)
@@ -91,7 +91,7 @@ def blocks(path: Path) -> list[Block]:
             raise AssertionError(f"{page}:{i + 1}: a code fence that is never closed")
         before = next((lines[j] for j in range(i - 1, -1, -1) if lines[j].strip()), "")
         marker = _SKIP.match(before.strip())
-        code = "\n".join(lines[i + 1 : end]) + "\n"
+        code = textwrap.dedent("\n".join(lines[i + 1 : end]) + "\n")
         found.append(Block(page, i + 1, language, code, marker["why"] if marker else None))
         i = end + 1
     return found
