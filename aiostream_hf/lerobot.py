@@ -1498,7 +1498,7 @@ async def _assemble(plan: _Plan, rows: list[_Row], pool: _ReaderPool) -> list[di
         unique = np.sort(np.concatenate([q for _, q in entries]))
         unique = unique[np.diff(unique, prepend=np.nan) != 0]
         async with pool.use(files[group]) as reader:
-            try:
+            try:  # LeRobot's rule (strict): the nearest frame, within tolerance_s of t
                 got = await reader.frames_at(unique, tolerance_s=plan.tolerance_s)
             except FrameTimestampError as exc:
                 raise _explain(plan, group[0], reader, rows, entries, exc) from exc

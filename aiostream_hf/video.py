@@ -8,9 +8,11 @@
 Opening reads the MP4 index (``moov``) in one round trip when it lies at either
 end of the file: the head and the tail are read at once (without a known size,
 the tail is a suffix read that tells it); when ``moov`` is in neither, the box
-sizes lead straight to it (``_mp4``). ``frames_at`` then maps every timestamp to
-the nearest frame, each frame to the keyframe it is decoded from, and fetches the
-bytes of those samples in ONE round trip: every group of nearby GOPs at once,
+sizes lead straight to it (``_mp4``). A file no larger than those first reads is
+read whole in that one request and kept: its frames need no more requests.
+``frames_at`` then maps every timestamp to the frame on screen at that time (or, with
+``tolerance_s``, to the nearest frame), each frame to the keyframe it is decoded from,
+and fetches the bytes of those samples in ONE round trip: every group of nearby GOPs at once,
 streamed in order (``iter_bytes``) from a source that can, else one
 ``read_ranges`` call. Each run of samples from a keyframe decodes with PyAV in a
 worker thread (one thread per core for the process; the runs split between them
@@ -134,6 +136,7 @@ class VideoStatistics:
     frame_requests / frame_bytes: reads (and bytes) of frame samples, all sent at once:
         one per group of nearby GOPs of a call (a streamed group: one per stretch of
         its bytes with no gap of ``coalesce_gap`` or more; a ``read_ranges`` call).
+        0 for a file that ``open`` read whole: its frames come from those bytes.
     packets_decoded: samples fed to the decoder.
     decoder_starts: decodes started afresh at a keyframe.
     decoder_reuses: decodes that continued the decoder state of the call before.
@@ -241,6 +244,7 @@ class VideoReader:
         if isinstance(self._index, _Indexed):
             self._index.state = None
             self._index.recent.clear()
+            self._index.data = None
         owned, self._owned = self._owned, None
         if owned is not None:
             with anyio.CancelScope(shield=True):
@@ -308,14 +312,25 @@ class VideoReader:
     # -- frames ----------------------------------------------------------------------
 
     async def frames_at(
-        self, timestamps: Sequence[float] | Array, *, tolerance_s: float = 1e-4
+        self, timestamps: Sequence[float] | Array, *, tolerance_s: float | None = None
     ) -> Frames:
-        """The frame nearest (by presentation time) to each timestamp, in the order given.
+        """The frames at the given times (seconds), in the order given, repeats included.
 
-        Raises ``FrameTimestampError`` naming the file, the timestamp and the nearest
-        frame's pts when that frame is more than ``tolerance_s`` away, and for a
-        timestamp outside ``[0, duration]``. Fetches the needed samples in one round
-        trip and decodes the GOPs they lie in in parallel.
+        By default, the frame on screen at each time ``t``, as a player shows it and as
+        torchcodec's ``get_frames_played_at`` gives it: the frame whose interval
+        ``[pts, next frame's pts)`` holds ``t`` (the last frame's ends at ``duration``),
+        that is the frame with the largest pts <= ``t``. Times before the first frame's
+        pts, or at or after ``duration``, raise ``FrameTimestampError`` naming the file,
+        the time and the valid range.
+
+        ``tolerance_s=x`` selects the strict rule of LeRobot items (what
+        ``aiostream_hf.lerobot`` uses) instead: the frame whose pts is nearest ``t``,
+        which must lie within ``x`` seconds of it (else ``FrameTimestampError`` naming the
+        file, the time and the nearest frame's pts); times outside ``[0, duration]``
+        raise too.
+
+        Fetches the needed samples in one round trip (none for a file read whole at
+        open) and decodes the GOPs they lie in in parallel.
         """
         index = self._opened()
         wanted = np.asarray(timestamps, dtype=np.float64)
@@ -324,9 +339,15 @@ class VideoReader:
                 f"frames_at of {self.file.path}: timestamps must be one-dimensional, "
                 f"got shape {wanted.shape}"
             )
-        if not tolerance_s >= 0:
-            raise ValueError(f"frames_at of {self.file.path}: tolerance_s={tolerance_s} < 0")
-        positions = _nearest(index, wanted, tolerance_s, self.file.path)
+        if tolerance_s is None:
+            positions = _played_at(index, wanted, self.file.path)
+        elif isinstance(tolerance_s, bool) or not tolerance_s >= 0:
+            raise ValueError(
+                f"frames_at of {self.file.path}: tolerance_s={tolerance_s!r}: give seconds "
+                ">= 0 (the nearest frame within them), or leave it out (the frame on screen)"
+            )
+        else:
+            positions = _nearest(index, wanted, float(tolerance_s), self.file.path)
         return await self._frames(index, positions)
 
     async def frames_in_range(self, start: float, end: float) -> Frames:
@@ -384,16 +405,24 @@ class VideoReader:
         costs = [_run_cost(run) for run in runs]
         reads: list[tuple[Arrivals, list[Span]]] = []
         arrivals_of: list[Arrivals | None] = [None] * len(runs)  # None: feeds nothing
-        # Requests go out longest run first: the threads start with those, and a server
-        # answers (more or less) in order.
-        groups = _fetch_groups(table, runs, gap)
-        for group in sorted(groups, key=lambda g: -max(costs[i] for i in g)):
-            ranges = _byte_ranges(table, [runs[i] for i in group])
-            if ranges:
-                arrivals = Arrivals(ranges if streams is None else merge_spans(ranges, gap))
-                reads.append((arrivals, ranges))
-                for i in group:
-                    arrivals_of[i] = arrivals
+        if index.data is not None:  # the file was read whole at open: every byte is in
+            held = Arrivals([(0, len(index.data))])
+            held.add(0, index.data)
+            held.close()
+            for i, run in enumerate(runs):
+                if _byte_ranges(table, [run]):
+                    arrivals_of[i] = held
+        else:
+            # Requests go out longest run first: the threads start with those, and a
+            # server answers (more or less) in order.
+            groups = _fetch_groups(table, runs, gap)
+            for group in sorted(groups, key=lambda g: -max(costs[i] for i in g)):
+                ranges = _byte_ranges(table, [runs[i] for i in group])
+                if ranges:
+                    arrivals = Arrivals(ranges if streams is None else merge_spans(ranges, gap))
+                    reads.append((arrivals, ranges))
+                    for i in group:
+                        arrivals_of[i] = arrivals
         workers = min(_cores(), len(runs))
         queues = split(costs, workers)
         stop = threading.Event()  # the decode threads stop at their next sample
@@ -604,6 +633,15 @@ class _Reads:
                 _count_index_read(self.stats, data)
                 _check_length(self.file, lo, hi, len(data))
                 self.add(lo, data)
+        return self._join(start, end)
+
+    def whole(self) -> bytes | None:
+        """The whole file when the reads so far hold all of it (a small file: the first
+        reads covered it), else None."""
+        return None if self._holes(0, self.size) else self._join(0, self.size)
+
+    def _join(self, start: int, end: int) -> bytes:
+        """Bytes ``[start, end)`` from the buffers (they hold them all)."""
         pieces: list[bytes] = []
         pos = start
         for offset, data in self.buffers:
@@ -731,7 +769,8 @@ async def _load(file: FileRef, source: ByteSource, stats: dict[str, Any]) -> _In
     else:
         found = NoIndex(f"a {kind} file (only MP4 has an index read by range)")
     if isinstance(found, SampleTable):
-        return await anyio.to_thread.run_sync(_Indexed, found)
+        # A file the first reads hold whole is kept: its frames need no request.
+        return await anyio.to_thread.run_sync(_Indexed, found, reads.whole())
     data = await reads.get(0, reads.size)
     return await anyio.to_thread.run_sync(_Demuxed, data, found, name)
 
@@ -743,7 +782,7 @@ async def _find_moov(reads: _Reads, name: str) -> SampleTable | NoIndex:
         box = read_box_header(header, pos, reads.size, name)
         if box.type == "moov":
             moov = await reads.get(box.start, box.end)
-            return await anyio.to_thread.run_sync(parse_moov, moov, name)
+            return await anyio.to_thread.run_sync(parse_moov, moov, name, reads.size)
         if box.type == "moof":
             return NoIndex("fragmented MP4 (moof before moov)")
         pos = box.end
@@ -758,6 +797,32 @@ def _check_in_range(index: _Indexed | _Demuxed, t: float, name: str) -> None:
         raise FrameTimestampError(
             f"{name}: timestamp {t!r}s is outside the video, which spans [0, {index.duration:.6f}]s"
         )
+
+
+def _played_at(index: _Indexed | _Demuxed, wanted: Array, name: str) -> Array:
+    """The position (in presentation order) of the frame on screen at each time: the last
+    frame whose pts is at or before it. The frames play from the first pts to the end of
+    the last frame (``duration``); a time outside ``[first pts, duration)`` has none."""
+    shown = index.shown_s
+    if not len(shown):
+        raise FrameTimestampError(f"{name}: the video shows no frame")
+    first, end = float(shown[0]), index.duration
+    outside = np.flatnonzero(~((wanted >= first) & (wanted < end)))  # NaN is outside too
+    if len(outside):
+        t = float(wanted[outside[0]])
+        where = (
+            "not a number"
+            if t != t
+            else "before the first frame"
+            if t < first
+            else "at or after the end of the last frame"
+        )
+        raise FrameTimestampError(
+            f"{name}: timestamp {t!r}s is outside the video ({where}): its frames play in "
+            f"[{first!r}, {end!r})s; give a time in that range"
+        )
+    positions: Array = np.searchsorted(shown, wanted, side="right") - 1
+    return positions
 
 
 def _nearest(index: _Indexed | _Demuxed, wanted: Array, tolerance_s: float, name: str) -> Array:
@@ -820,10 +885,12 @@ class _RunResult:
 
 
 class _Indexed:
-    """A file decoded from its MP4 index: the sample table and the decoder state."""
+    """A file decoded from its MP4 index: the sample table and the decoder state, and the
+    file's bytes when ``open`` read it whole (``data``: frames are then read from them)."""
 
-    def __init__(self, table: SampleTable) -> None:
+    def __init__(self, table: SampleTable, data: bytes | None = None) -> None:
         self.table = table
+        self.data = data
         self.decoder = _decoder_for(table.codec, table.fourcc, table.name)
         self.codec = table.codec
         self.width = table.width

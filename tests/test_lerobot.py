@@ -44,6 +44,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from aiostream_hf import StreamOptions, lerobot
+from aiostream_hf import video as video_module
 from aiostream_hf._exceptions import (
     ClosedResourceError,
     DecodeError,
@@ -521,11 +522,16 @@ async def test_resume_continues_with_the_next_item(
 
 
 async def test_resume_fetches_no_frame_of_a_delivered_item(
-    datasets: dict[str, LeRobotLayout], hub: HubServer, options: StreamOptions
+    datasets: dict[str, LeRobotLayout],
+    hub: HubServer,
+    options: StreamOptions,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Stopped in the middle of episode 3 (frame 25 of 40): the resumed stream decodes the
     frames of the items left and nothing else, and reads fewer bytes than a stream of
     episodes 3 and 4 from their start."""
+    # Frames read by range, as from larger files (open reads these small videos whole).
+    monkeypatch.setattr(video_module._Reads, "whole", lambda self: None)
     layout = datasets["v3-h264"]
     cameras = len(layout.video_keys)
     total = layout.total_frames

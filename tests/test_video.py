@@ -11,6 +11,14 @@ reads had to wait for others (round trips), so the tests also check the bytes: o
 round trip per ``frames_at`` call, and at most 1.5x the bytes of the packets from
 each frame's keyframe to the last packet needed to output it (taken from PyAV's
 demuxer, not from the code under test).
+
+The test videos are small: ``open`` reads each one whole and serves its frames from
+those bytes. Tests of the frame reads themselves use the ``refetch`` fixture, which
+makes the reader fetch frames by range as it does for a larger file.
+
+``frames_at`` gives the frame on screen at each time by default (the one with the
+largest pts <= t: ``played``), and the nearest frame within ``tolerance_s`` when one
+is passed (LeRobot's rule: ``nearest``).
 """
 
 from __future__ import annotations
@@ -18,7 +26,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import struct
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
@@ -40,6 +48,7 @@ from aiostream_hf._exceptions import (
 )
 from aiostream_hf._models import FileRef
 from aiostream_hf.formats import _mp4
+from aiostream_hf.testing import HubServer, make_repo, make_video
 
 pytestmark = pytest.mark.anyio
 
@@ -300,6 +309,21 @@ def nearest(times: Sequence[float], value: float) -> float:
     return min(times, key=lambda t: abs(t - value))
 
 
+def played(times: Sequence[float], value: float) -> float:
+    """The time of the frame on screen at ``value``: the largest frame time <= it."""
+    return max(t for t in times if t <= value)
+
+
+@pytest.fixture
+def refetch() -> Iterator[None]:
+    """Frames read by range even from a file that ``open`` read whole (the test files
+    are that small): the reads these tests are about. Its own MonkeyPatch, so that a
+    test's ``monkeypatch.undo()`` leaves it in place."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(video._Reads, "whole", lambda self: None)
+        yield
+
+
 def assert_frames(oracle: Oracle, frames: video.Frames, times: Sequence[float]) -> None:
     assert frames.data.dtype == np.uint8
     assert frames.data.shape == (len(times), H, W, 3)
@@ -311,6 +335,7 @@ def assert_frames(oracle: Oracle, frames: video.Frames, times: Sequence[float]) 
 # -- frames match PyAV, with bounded bytes -------------------------------------------------
 
 
+@pytest.mark.usefixtures("refetch")
 @pytest.mark.parametrize("name", list(SPECS))
 async def test_frames_at_matches_pyav(videos: Videos, name: str) -> None:
     oracle = videos[name]
@@ -324,7 +349,7 @@ async def test_frames_at_matches_pyav(videos: Videos, name: str) -> None:
         [t[30], t[31], t[32]],  # forward within a GOP
         [t[33]],  # forward again: continues the decoder of the call before
         [t[33], t[34]],  # a repeat and the next one
-        [t[12] + 3e-5, t[40] - 3e-5],  # within the tolerance
+        [t[12] + 3e-5, t[40] - 3e-5],  # between frames: the frame on screen, 12 and 39
         [t[25], t[24], t[26]],  # around a keyframe
         [],
     ]
@@ -335,7 +360,7 @@ async def test_frames_at_matches_pyav(videos: Videos, name: str) -> None:
         for times in calls:
             mark = len(source.calls)
             frames = await reader.frames_at(times)
-            expected = [nearest(t, v) for v in times]
+            expected = [played(t, v) for v in times]
             assert_frames(oracle, frames, expected)
             trips, nbytes = source.since(mark)
             if not SPECS[name].indexed:
@@ -347,6 +372,9 @@ async def test_frames_at_matches_pyav(videos: Videos, name: str) -> None:
                 assert nbytes <= 1.5 * reference, (times, nbytes, reference)
         everything = await reader.frames_in_range(0.0, reader.duration)
         assert_frames(oracle, everything, t)
+        strict = [t[12] + 3e-5, t[40] - 3e-5]  # LeRobot's rule: the nearest, 12 and 40
+        frames = await reader.frames_at(strict, tolerance_s=1e-4)
+        assert_frames(oracle, frames, [t[12], t[40]])
 
 
 @pytest.mark.parametrize("name", ["h264-gop25-moov-end", "hevc-open-gop"])
@@ -433,6 +461,7 @@ async def test_a_moov_larger_than_the_tail(videos: Videos, monkeypatch: pytest.M
         assert_frames(oracle, await reader.frames_at(oracle.times[::50]), oracle.times[::50])
 
 
+@pytest.mark.usefixtures("refetch")
 async def test_sequential_calls_continue_the_decoder(videos: Videos) -> None:
     """One call per frame through a 250-frame GOP costs about the GOP once, not per frame."""
     oracle = videos["h264-gop250"]
@@ -493,6 +522,7 @@ async def test_unknown_size_of_a_file_shorter_than_the_head(
         assert_frames(oracle, await reader.frames_at(oracle.times[::9]), oracle.times[::9])
 
 
+@pytest.mark.usefixtures("refetch")
 async def test_runs_decode_as_their_bytes_arrive(
     videos: Videos, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -587,6 +617,7 @@ def trace_decode_starts(monkeypatch: pytest.MonkeyPatch) -> anyio.Event:
     return started
 
 
+@pytest.mark.usefixtures("refetch")
 async def test_a_streamed_run_decodes_while_its_bytes_arrive(
     videos: Videos, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -614,6 +645,7 @@ async def test_a_streamed_run_decodes_while_its_bytes_arrive(
         assert reader.statistics().frame_bytes == fetched[1] - fetched[0]
 
 
+@pytest.mark.usefixtures("refetch")
 async def test_the_longest_run_is_requested_first(
     videos: Videos, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -632,6 +664,7 @@ async def test_the_longest_run_is_requested_first(
     assert starts[-1] == first_gop  # the short run's read goes last
 
 
+@pytest.mark.usefixtures("refetch")
 async def test_streamed_reads_give_the_frames_of_read_ranges(videos: Videos) -> None:
     """Streamed and whole reads decode to the same frames, one request per group of GOPs."""
     for name in ("h264-gop25-moov-end", "h264-delay-audio", "h264-gop2"):
@@ -642,6 +675,7 @@ async def test_streamed_reads_give_the_frames_of_read_ranges(videos: Videos) -> 
             assert_frames(oracle, await reader.frames_at(times[::-1]), times[::-1])
 
 
+@pytest.mark.usefixtures("refetch")
 async def test_a_stream_that_breaks_or_stops_short(
     videos: Videos, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -694,6 +728,7 @@ async def test_a_stream_that_breaks_or_stops_short(
         assert_frames(oracle, await reader.frames_at(times), times)
 
 
+@pytest.mark.usefixtures("refetch")
 async def test_cancelled_while_a_thread_waits_for_bytes(
     videos: Videos, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -723,6 +758,7 @@ async def test_cancelled_while_a_thread_waits_for_bytes(
         assert_frames(oracle, await reader.frames_at(times), times)
 
 
+@pytest.mark.usefixtures("refetch")
 async def test_read_errors_come_through_as_raised(videos: Videos) -> None:
     """A failed read is raised as it is, not inside an exception group, and the reader
     goes on after it."""
@@ -756,6 +792,7 @@ async def test_read_errors_come_through_as_raised(videos: Videos) -> None:
         assert_frames(oracle, await reader.frames_at(times), times)
 
 
+@pytest.mark.usefixtures("refetch")
 async def test_concurrent_calls_on_one_reader(videos: Videos) -> None:
     oracle = videos["h264-gop25-moov-end"]
     results: dict[int, video.Frames] = {}
@@ -921,22 +958,118 @@ async def test_missing_decoder(videos: Videos, monkeypatch: pytest.MonkeyPatch) 
             pass
 
 
-async def test_timestamp_errors(videos: Videos) -> None:
+async def test_played_at_is_the_frame_on_screen(videos: Videos) -> None:
+    """The default rule: the frame whose [pts, next pts) holds the time (the last frame's
+    interval ends at ``duration``), with no tolerance to pass."""
+    oracle = videos["h264-gop25-moov-end"]
+    t = oracle.times
+    async with video.open(oracle.path, fetcher=LocalSource(oracle.path)) as reader:
+        end = reader.duration
+        assert end == pytest.approx(t[-1] + 1 / 30, abs=2e-3)
+        cases = [
+            ((t[10] + t[11]) / 2, t[10]),  # between two frames
+            (t[11], t[11]),  # exactly on a frame
+            (float(np.nextafter(t[11], 0.0)), t[10]),  # just before it
+            (t[0], t[0]),  # the first frame, from its pts
+            (t[-1], t[-1]),  # the last frame's interval, from its pts ...
+            ((t[-1] + end) / 2, t[-1]),
+            (float(np.nextafter(end, 0.0)), t[-1]),  # ... to just before the end
+            (t[11] + 1e-6, t[11]),  # repeats and any order
+            (t[3], t[3]),
+        ]
+        frames = await reader.frames_at([at for at, _ in cases])
+        assert_frames(oracle, frames, [want for _, want in cases])
+        valid = f"[{t[0]!r}, {end!r})"
+        for bad, where in [
+            (float(np.nextafter(t[0], -1.0)), "before the first frame"),
+            (-0.5, "before the first frame"),
+            (end, "at or after the end of the last frame"),
+            (end + 0.25, "at or after the end of the last frame"),
+            (float("nan"), "not a number"),
+        ]:
+            with pytest.raises(FrameTimestampError) as caught:
+                await reader.frames_at([t[5], bad])
+            message = str(caught.value)
+            assert oracle.path.name in message
+            assert repr(bad) in message
+            assert where in message
+            assert valid in message, message
+
+    delayed = videos["h264-delay-audio"]  # an empty edit: the first frame is shown late
+    first = delayed.times[0]
+    assert first > 0
+    async with video.open(delayed.path, fetcher=LocalSource(delayed.path)) as reader:
+        assert_frames(delayed, await reader.frames_at([first]), [first])
+        with pytest.raises(FrameTimestampError, match="before the first frame"):
+            await reader.frames_at([first / 2])
+
+
+def frame_played_by_pyav(path: Path, at: float) -> tuple[float, np.ndarray[Any, Any]]:
+    """PyAV's decode of ``path``: the time and pixels of the frame with the largest pts
+    <= ``at``."""
+    best: tuple[float, np.ndarray[Any, Any]] | None = None
+    with av.open(str(path)) as container:
+        for frame in container.decode(video=0):
+            if (
+                frame.time is not None
+                and frame.time <= at
+                and (best is None or frame.time > best[0])
+            ):
+                best = (float(frame.time), frame.to_ndarray(format="rgb24"))
+    assert best is not None
+    return best
+
+
+@pytest.mark.parametrize(
+    ("suffix", "encoder", "options"),
+    [
+        (".mp4", "libx264", {"g": "15", "bf": "2"}),
+        (".webm", "libvpx-vp9", {"deadline": "realtime", "cpu-used": "8", "g": "15"}),
+    ],
+)
+async def test_frames_at_a_time_between_frames(
+    tmp_path: Path, suffix: str, encoder: str, options: dict[str, str]
+) -> None:
+    """1.23 s lies between frames (30 fps; a WebM's pts are whole milliseconds): with no
+    options, the frame on screen then, bit-identical to PyAV's; the strict rule raises."""
+    if not has_encoder(encoder):
+        pytest.skip(f"this PyAV build has no {encoder} encoder")
+    path = make_video(
+        tmp_path / f"clip{suffix}", frames=60, width=W, height=H, encoder=encoder, options=options
+    )
+    when, pixels = frame_played_by_pyav(path, 1.23)
+    assert when == pytest.approx(1.2, abs=1e-3)
+    async with video.open(path) as reader:
+        frames = await reader.frames_at([1.23])
+        assert frames.pts.tolist() == [when]
+        assert np.array_equal(frames.data[0], pixels)
+        assert reader.statistics().indexed is (suffix == ".mp4")
+        with pytest.raises(FrameTimestampError, match=r"tolerance_s=0\.0001 of timestamp 1\.23s"):
+            await reader.frames_at([1.23], tolerance_s=1e-4)
+
+
+async def test_strict_rule_timestamp_errors(videos: Videos) -> None:
+    """``tolerance_s`` selects LeRobot's rule: the nearest frame, which must lie within it."""
     oracle = videos["h264-gop25-moov-end"]
     t = oracle.times
     async with video.open(oracle.path, fetcher=LocalSource(oracle.path)) as reader:
         for bad in (-0.5, reader.duration + 0.25, float("nan")):
             with pytest.raises(FrameTimestampError, match=rf"{oracle.path.name}.*{bad!r}"):
-                await reader.frames_at([t[0], bad])
+                await reader.frames_at([t[0], bad], tolerance_s=1e-4)
         between = (t[10] + t[11]) / 2
         with pytest.raises(FrameTimestampError) as caught:
-            await reader.frames_at([t[3], between])
+            await reader.frames_at([t[3], between], tolerance_s=1e-4)
         message = str(caught.value)
         assert oracle.path.name in message
         assert repr(between) in message
         assert repr(t[10]) in message
         frames = await reader.frames_at([between], tolerance_s=0.02)
         assert_frames(oracle, frames, [t[10]])
+        frames = await reader.frames_at([t[11] - 0.01], tolerance_s=0.02)  # nearest: after
+        assert_frames(oracle, frames, [t[11]])
+        for wrong in (-1.0, float("nan"), True):
+            with pytest.raises(ValueError, match="tolerance_s"):
+                await reader.frames_at([t[0]], tolerance_s=wrong)
         with pytest.raises(FrameTimestampError, match="outside"):
             await reader.frames_in_range(0.0, reader.duration + 1)
         with pytest.raises(ValueError, match="one-dimensional"):
@@ -1007,3 +1140,49 @@ async def test_with_range_fetcher(videos: Videos) -> None:
             assert_frames(oracle, await reader.frames_at(times), times)
             assert len(seen) == 2 + reader.statistics().frame_requests
             assert reader.statistics().frame_requests <= 2  # one per GOP at most
+
+
+# -- a small file: read whole at open, once ---------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["h264-gop25-moov-end", "hevc-open-gop", "h264-delay-audio"])
+async def test_a_file_read_whole_at_open_serves_its_frames(videos: Videos, name: str) -> None:
+    """A file the first read of ``open`` holds whole: no read after it, PyAV's frames."""
+    oracle = videos[name]
+    t = oracle.times
+    source = LocalSource(oracle.path)
+    async with video.open(oracle.path, fetcher=source) as reader:
+        assert source.calls == [("ranges", [(0, len(source.data))])]
+        for times in ([t[40], t[3], t[41]], [t[42]], t[::7], [t[-1]]):
+            assert_frames(oracle, await reader.frames_at(times), times)
+        stats = reader.statistics()
+    assert len(source.calls) == 1
+    assert (stats.index_requests, stats.index_bytes) == (1, len(source.data))
+    assert (stats.frame_requests, stats.frame_bytes) == (0, 0)
+
+
+async def test_a_small_file_is_fetched_once_from_the_hub(tmp_path: Path) -> None:
+    """Open and frames_at on a video smaller than the first reads: the local Hub's CDN
+    serves the file once, in one request, and not a byte more."""
+    clip = make_video(tmp_path / "clip.mp4", frames=60, width=W, height=H, options={"g": "10"})
+    size = clip.stat().st_size
+    # What open reads first, head and tail, covers the whole file.
+    assert size - video._tail_size(size) - video.HEAD_READ_SIZE < video._VIDEO_COALESCE_GAP
+    oracle = decode_oracle(clip)
+    times = [oracle.times[i] for i in (5, 31, 7, 59)]
+    root = tmp_path / "hub"
+    make_repo(root, "org/clips", {"videos/clip.mp4": clip})
+    with HubServer(root, lfs_threshold=1024) as hub:  # the video is an LFS file: on the CDN
+        file = FileRef(hub.url("org/clips", "videos/clip.mp4"), "videos/clip.mp4", size=size)
+        hub.reset_stats()
+        async with video.open(file) as reader:
+            frames = await reader.frames_at(times)
+            more = await reader.frames_at([1.23])
+            stats = reader.statistics()
+        served = hub.stats()
+    assert served.by_bucket.get("cdn") == 1
+    assert served.by_status.get(206) == 1
+    assert served.bytes_served == size
+    assert (stats.frame_requests, stats.frame_bytes, stats.index_bytes) == (0, 0, size)
+    assert_frames(oracle, frames, times)
+    assert_frames(oracle, more, [played(oracle.times, 1.23)])
