@@ -72,12 +72,19 @@ _STATE_VERSION = 1
 @dataclass(frozen=True, kw_only=True)
 class StreamStatistics(EngineStatistics):
     """What a stream did so far: samples, files, units, time to first sample, and the
-    requests, bytes and retries of its reading (``EngineStatistics``)."""
+    requests, bytes and retries of its reading (``EngineStatistics``).
+
+    ``skipped_samples``: samples passed over under a decoder's ``on_error`` (a TAR
+    sample that ``decode=`` failed on). ``damaged_files``: files whose rest was
+    skipped under ``on_error`` (a corrupt or truncated TAR shard, a failed read),
+    after every sample before the damage. Each skip is also warned or logged."""
 
     samples: int
     files: int
     units: int
     time_to_first_sample: float | None
+    skipped_samples: int = 0
+    damaged_files: int = 0
 
 
 def stream(
@@ -210,6 +217,8 @@ class Stream(Engine["tuple[_Tag, Any]"]):
         self._samples = 0
         self._files = 0
         self._units = 0
+        self._skipped_samples = 0
+        self._damaged_files = 0
         self._resume: dict[str, Any] | None = None
         self._cursor: dict[str, Any] | None = None
         self._files_order: list[FileRef] | None = None
@@ -231,6 +240,8 @@ class Stream(Engine["tuple[_Tag, Any]"]):
             files=self._files,
             units=self._units,
             time_to_first_sample=self._first_sample,
+            skipped_samples=self._skipped_samples,
+            damaged_files=self._damaged_files,
             **self._engine_statistics(),
         )
 
@@ -452,6 +463,8 @@ class Stream(Engine["tuple[_Tag, Any]"]):
         self._files += 1
 
         async def put(chunk: Chunk) -> None:
+            self._skipped_samples += chunk.skipped
+            self._damaged_files += chunk.damaged
             await emit(chunk.nbytes, (_Tag(pos, 0, 0, chunk.first_row, chunk), chunk.rows))
 
         await decoder.read_chunks(file, source, request, start, put)

@@ -96,11 +96,14 @@ class ReadRequest:
 
     ``rows``: sequential formats yield a list of dict rows instead of a
     ``pyarrow.Table`` (the stream asks for them when it hands out dict rows).
+    ``verify_checksums``: check the checksums the file carries (Parquet page CRCs),
+    as ``StreamOptions.verify_checksums`` says.
     """
 
     columns: tuple[str, ...] | None = None
     filter: Any = None  # a pyarrow.compute.Expression
     rows: bool = False
+    verify_checksums: bool = True
 
 
 @dataclass(frozen=True)
@@ -129,7 +132,10 @@ class Chunk:
     chunk: a byte offset when ``by_offset``, else the records to pass from
     byte 0 (``Position.skip``). ``first_row`` counts the rows of the file
     before this chunk; ``final`` marks the file's last chunk (possibly empty);
-    ``nbytes`` is what the chunk holds, for the readahead budget.
+    ``nbytes`` is what the chunk holds, for the readahead budget. ``skipped``
+    counts the samples passed over (under the decoder's ``on_error``) since the
+    previous chunk; ``damaged`` marks the final chunk of a file whose rest was
+    skipped after damage: both go to the stream's statistics.
     """
 
     rows: pa.Table | list[dict[str, Any]]
@@ -138,6 +144,8 @@ class Chunk:
     final: bool
     nbytes: int
     by_offset: bool = True
+    skipped: int = 0
+    damaged: bool = False
 
     def resume_at(self, taken: int) -> Position:
         """The position after the first ``taken`` rows of this chunk."""

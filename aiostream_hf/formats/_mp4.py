@@ -22,6 +22,15 @@ the first video track, or ``NoIndex`` when the file has no index that this modul
 can use (fragmented MP4, edit lists other than the usual shapes, codecs without a
 known decoder): the caller then decodes the file with a demuxer instead.
 
+No count or size read from the file is trusted: before anything is allocated, a
+table's entry count times its entry size must fit in the box that holds it, every
+box must fit in its parent (and the file), the tables must agree on the number of
+samples, every sample must lie inside the file (when its size is known), and where
+nothing else bounds a value there is a documented limit (``MAX_SAMPLES``,
+``MAX_BOX_DEPTH``). A file that breaks one of these raises ``DecodeError`` naming
+the file, the box and the values, so a few bytes cannot make this module allocate
+gigabytes.
+
 Timestamps follow FFmpeg's mov demuxer, so they equal PyAV's ``frame.pts``: with an
 edit list of empty edits (a start delay) followed by one edit at ``media_time``,
 the frames whose composition time lies outside the edit are decoded but never
@@ -43,6 +52,9 @@ __all__ = [
     "BOX_HEADER_MAX",
     "CODECS",
     "HEAD_READ_SIZE",
+    "MAX_BOX_DEPTH",
+    "MAX_EDITS",
+    "MAX_SAMPLES",
     "TAIL_READ_SIZE",
     "BoxHeader",
     "NoIndex",
@@ -60,6 +72,21 @@ TAIL_READ_SIZE = 1024 * 1024
 
 BOX_HEADER_MAX = 16
 """Bytes that always hold a box header (size, type, 64-bit largesize)."""
+
+MAX_SAMPLES = 1 << 23
+"""Most samples a video track's index may have (8,388,608: 77 hours at 30 fps, 39 at
+60). A table of sample sizes that all share one value (``stsz`` with a uniform size)
+takes 20 bytes whatever its count, so only this limit, and the file's size, bound it;
+an index of this many samples takes about 0.5 GiB. A track with more raises
+``DecodeError``."""
+
+MAX_BOX_DEPTH = 32
+"""Deepest nesting of container boxes read (a real file nests 6 deep: moov, trak,
+mdia, minf, stbl, and a sample entry)."""
+
+MAX_EDITS = 1024
+"""Most edit list entries read from the index; a longer edit list (only a few entries
+have the shape this module maps) is left to the demuxer (``NoIndex``)."""
 
 #: Sample entry type -> FFmpeg codec name, for the codecs decoded from the index.
 CODECS: dict[str, str] = {
@@ -83,6 +110,7 @@ _CONTAINERS = frozenset({"moov", "trak", "mdia", "minf", "stbl", "edts", "dinf"}
 _VISUAL_SAMPLE_ENTRY = 78  # bytes of a VisualSampleEntry after its box header
 _ENCRYPTED = frozenset({"encv", "resv"})
 _REORDER_WINDOW = 64  # frames: how far back the reorder depth of a stream is measured
+_MAX_TICKS = 1 << 62  # timestamps past this would overflow int64 arithmetic
 
 Int64Array = npt.NDArray[np.int64]
 BoolArray = npt.NDArray[np.bool_]
@@ -271,12 +299,16 @@ class _Track:
     boxes: dict[str, BoxHeader] = field(default_factory=dict)
 
 
-def parse_moov(moov: bytes | memoryview, name: str) -> SampleTable | NoIndex:
+def parse_moov(
+    moov: bytes | memoryview, name: str, file_size: int | None = None
+) -> SampleTable | NoIndex:
     """The sample table of the first video track of a ``moov`` box (its bytes, header included).
 
-    Raises ``DecodeError`` naming ``name`` for a corrupt box, a file without a video
-    track or an encrypted one; returns ``NoIndex`` when the index cannot be used
-    (fragmented MP4, complex edit lists, a codec this module does not map).
+    Raises ``DecodeError`` naming ``name`` for a corrupt box (counts and sizes that do
+    not fit their box, tables that disagree on the number of samples, a sample outside
+    the file's ``file_size`` bytes, when given), a file without a video track or an
+    encrypted one; returns ``NoIndex`` when the index cannot be used (fragmented MP4,
+    complex edit lists, a codec this module does not map).
     """
     data = memoryview(moov)
     top = read_box_header(data[:BOX_HEADER_MAX], 0, len(data), name)
@@ -299,15 +331,22 @@ def parse_moov(moov: bytes | memoryview, name: str) -> SampleTable | NoIndex:
         raise DecodeError(f"{name} has no video track (it has {len(tracks)} track(s))")
     if fragmented:
         return NoIndex("fragmented MP4 (moov has mvex): samples are indexed in moof boxes")
-    return _parse_track(data, video[0], movie_timescale, name)
+    return _parse_track(data, video[0], movie_timescale, name, file_size)
 
 
-def _collect(data: memoryview, parent: BoxHeader, out: dict[str, BoxHeader], name: str) -> None:
+def _collect(
+    data: memoryview, parent: BoxHeader, out: dict[str, BoxHeader], name: str, depth: int = 2
+) -> None:
     """Index the boxes under a trak by type (first of each), descending into containers."""
+    if depth > MAX_BOX_DEPTH:
+        raise DecodeError(
+            f"{name}: corrupt MP4: box {parent.type!r} at byte {parent.start} is nested "
+            f"{depth} deep, over MAX_BOX_DEPTH={MAX_BOX_DEPTH}"
+        )
     for box in _children(data, parent.payload_start, parent.end, name):
         out.setdefault(box.type, box)
         if box.type in _CONTAINERS:
-            _collect(data, box, out, name)
+            _collect(data, box, out, name, depth + 1)
 
 
 def _full_box(data: memoryview, box: BoxHeader, name: str, need: int = 0) -> tuple[int, int]:
@@ -339,22 +378,56 @@ def _u32(data: memoryview, box: BoxHeader, name: str, count_at: int = 0) -> tupl
     return int(count), pos + count_at + 4
 
 
+def _check_fits(box: BoxHeader, pos: int, count: int, entry: float, name: str, what: str) -> None:
+    """``count`` entries of ``entry`` bytes from ``pos`` fit in ``box``, or DecodeError."""
+    need = int(-(-count * entry // 1))  # a 4-bit entry is half a byte: round up
+    if pos + need > box.end:
+        raise DecodeError(
+            f"{name}: corrupt MP4: box {box.type!r} at byte {box.start} says {count} {what} "
+            f"of {entry:g} bytes ({need} bytes), but holds {box.end - pos} bytes of them"
+        )
+
+
+def _check_samples(box: BoxHeader, count: int, name: str) -> None:
+    if count > MAX_SAMPLES:
+        raise DecodeError(
+            f"{name}: MP4 box {box.type!r} at byte {box.start} says the video track has "
+            f"{count} samples, over MAX_SAMPLES={MAX_SAMPLES} (corrupt, or too long a "
+            "track for an index read into memory)"
+        )
+
+
 def _table(
     data: memoryview, box: BoxHeader, name: str, columns: int, dtype: str = ">u4"
 ) -> npt.NDArray[np.int64]:
     """The entries of a table box as an int64 array of shape (count, columns)."""
     count, pos = _u32(data, box, name)
     item = np.dtype(dtype).itemsize
-    if pos + count * columns * item > box.end:
-        raise DecodeError(
-            f"{name}: MP4 box {box.type!r} says {count} entries but is {box.end - box.start} bytes"
-        )
+    _check_fits(box, pos, count, columns * item, name, "entries")
     raw = np.frombuffer(data, dtype=dtype, count=count * columns, offset=pos)
     return raw.astype(np.int64).reshape(count, columns)
 
 
+def _runs(
+    table: Int64Array, n: int, box: BoxHeader, name: str, what: str = "samples"
+) -> Int64Array:
+    """The values of a run-length table (rows of count, value) expanded to one per sample.
+
+    The runs must cover exactly the track's ``n`` samples: their total is checked
+    before anything is expanded, so a count of 2**32-1 allocates nothing.
+    """
+    total = int(table[:, 0].sum()) if len(table) else 0
+    if total != n:
+        raise DecodeError(
+            f"{name}: corrupt MP4: box {box.type!r} at byte {box.start} describes {total} "
+            f"{what}, but the video track has {n} (stsz)"
+        )
+    out: Int64Array = np.repeat(table[:, 1], table[:, 0])
+    return out
+
+
 def _parse_track(
-    data: memoryview, track: _Track, movie_timescale: int, name: str
+    data: memoryview, track: _Track, movie_timescale: int, name: str, file_size: int | None
 ) -> SampleTable | NoIndex:
     boxes = track.boxes
     missing = [t for t in ("mdhd", "stsd", "stts", "stsc") if t not in boxes]
@@ -377,27 +450,31 @@ def _parse_track(
     if codec is None:
         return NoIndex(f"codec {fourcc!r} is not decoded from the MP4 index", codec=fourcc)
 
-    sizes = _sample_sizes(data, boxes.get("stsz") or boxes["stz2"], name)
-    chunk_offsets = (
-        _table(data, boxes["co64"], name, 1, ">u8")[:, 0]
-        if "co64" in boxes
-        else _table(data, boxes["stco"], name, 1)[:, 0]
-    )
-    offsets = _sample_offsets(_table(data, boxes["stsc"], name, 3), chunk_offsets, sizes, name)
-    stts = _table(data, boxes["stts"], name, 2)
-    deltas = np.repeat(stts[:, 1], stts[:, 0])
-    n = min(len(sizes), len(offsets), len(deltas))
+    size_box = boxes.get("stsz") or boxes["stz2"]
+    sizes = _sample_sizes(data, size_box, name, file_size)
+    n = len(sizes)
     if n == 0:
         return NoIndex("the video track has no samples in moov")
-    sizes, offsets, deltas = sizes[:n], offsets[:n], deltas[:n]
+    chunk_box = boxes.get("co64") or boxes["stco"]
+    chunk_offsets = _table(data, chunk_box, name, 1, ">u8" if chunk_box.type == "co64" else ">u4")
+    offsets = _sample_offsets(
+        _table(data, boxes["stsc"], name, 3), chunk_offsets[:, 0], sizes, name
+    )
+    if len(offsets) < n:
+        raise DecodeError(
+            f"{name}: corrupt MP4: boxes 'stsc' and {chunk_box.type!r} place {len(offsets)} "
+            f"samples in {len(chunk_offsets)} chunks, but the video track has {n} (stsz)"
+        )
+    _check_in_file(offsets, sizes, file_size, name)
+    deltas = _runs(_table(data, boxes["stts"], name, 2), n, boxes["stts"], name)
     dts = np.zeros(n, dtype=np.int64)
     np.cumsum(deltas[:-1], out=dts[1:])
     ctts = np.zeros(n, dtype=np.int64)
     if "ctts" in boxes:
         table = _table(data, boxes["ctts"], name, 2)
         # Offsets are signed in version 1 and, as FFmpeg reads them, in version 0 too.
-        values = np.repeat(table[:, 1].astype(np.uint32).view(np.int32), table[:, 0])[:n]
-        ctts[: len(values)] = values
+        table[:, 1] = table[:, 1].astype(np.uint32).view(np.int32)
+        ctts = _runs(table, n, boxes["ctts"], name)
     cts = dts + ctts
     if "stss" in boxes:
         is_key = np.zeros(n, dtype=np.bool_)
@@ -407,6 +484,8 @@ def _parse_track(
         is_key = np.ones(n, dtype=np.bool_)
 
     edits = _edit_list(data, boxes.get("elst"), name)
+    if isinstance(edits, NoIndex):
+        return edits
     placed = _apply_edits(edits, dts, cts, ctts, timescale, movie_timescale)
     if isinstance(placed, NoIndex):
         return placed
@@ -465,20 +544,30 @@ def _sample_entry(
     return entry.type, int(width), int(height), extradata
 
 
-def _sample_sizes(data: memoryview, box: BoxHeader, name: str) -> Int64Array:
+def _sample_sizes(data: memoryview, box: BoxHeader, name: str, file_size: int | None) -> Int64Array:
+    """Every sample's size, from ``stsz`` or ``stz2``; the count is checked first."""
     if box.type == "stsz":
         _, pos = _full_box(data, box, name, 8)
         uniform, count = struct.unpack_from(">II", data, pos)
+        _check_samples(box, count, name)
         if uniform:
+            if file_size is not None and count * uniform > file_size:
+                raise DecodeError(
+                    f"{name}: corrupt MP4: box 'stsz' at byte {box.start} says {count} "
+                    f"samples of {uniform} bytes ({count * uniform} bytes), but the file "
+                    f"has {file_size}"
+                )
             return np.full(count, uniform, dtype=np.int64)
-        if pos + 8 + 4 * count > box.end:
-            raise DecodeError(f"{name}: MP4 box 'stsz' says {count} samples but is too short")
+        _check_fits(box, pos + 8, count, 4, name, "samples")
         return np.frombuffer(data, dtype=">u4", count=count, offset=pos + 8).astype(np.int64)
     # stz2: compact sizes of 4, 8 or 16 bits
     _, pos = _full_box(data, box, name, 8)
     field_size = data[pos + 3]
     (count,) = struct.unpack_from(">I", data, pos + 4)
     start = pos + 8
+    _check_samples(box, count, name)
+    if field_size in (4, 8, 16):
+        _check_fits(box, start, count, field_size / 8, name, "samples")
     if field_size == 16:
         raw = np.frombuffer(data, dtype=">u2", count=count, offset=start)
     elif field_size == 8:
@@ -489,6 +578,25 @@ def _sample_sizes(data: memoryview, box: BoxHeader, name: str) -> Int64Array:
     else:
         raise DecodeError(f"{name}: MP4 box 'stz2' has field size {field_size}")
     return raw.astype(np.int64)
+
+
+def _check_in_file(
+    offsets: Int64Array, sizes: Int64Array, file_size: int | None, name: str
+) -> None:
+    """Every sample lies inside the file (a cut file's index points past its end)."""
+    n = len(sizes)
+    starts = offsets[:n]
+    ends = starts + sizes
+    limit = file_size if file_size is not None else np.iinfo(np.int64).max
+    bad = np.flatnonzero((starts < 0) | (ends < starts) | (ends > limit))
+    if len(bad):
+        i = int(bad[0])
+        where = f"the file has {file_size} bytes" if file_size is not None else "not a position"
+        raise DecodeError(
+            f"{name}: truncated or corrupt MP4: sample {i} of the video track lies at bytes "
+            f"[{int(starts[i])}, {int(ends[i])}), but {where} ({len(bad)} of {n} samples "
+            "lie outside the file)"
+        )
 
 
 def _sample_offsets(
@@ -523,7 +631,9 @@ def _sample_offsets(
     return offsets
 
 
-def _edit_list(data: memoryview, elst: BoxHeader | None, name: str) -> list[tuple[int, int, int]]:
+def _edit_list(
+    data: memoryview, elst: BoxHeader | None, name: str
+) -> list[tuple[int, int, int]] | NoIndex:
     """(segment duration in movie ticks, media time, rate * 65536) of each edit."""
     if elst is None:
         return []
@@ -531,8 +641,9 @@ def _edit_list(data: memoryview, elst: BoxHeader | None, name: str) -> list[tupl
     (count,) = struct.unpack_from(">I", data, pos)
     pos += 4
     entry = 20 if version == 1 else 12
-    if pos + count * entry > elst.end:
-        raise DecodeError(f"{name}: MP4 box 'elst' says {count} entries but is too short")
+    _check_fits(elst, pos, count, entry, name, "entries")
+    if count > MAX_EDITS:
+        return NoIndex(f"an edit list of {count} entries (over MAX_EDITS={MAX_EDITS})")
     edits = []
     for _ in range(count):
         if version == 1:
@@ -587,6 +698,11 @@ def _apply_edits(
     duration, media_time = media[0]
     if duration <= 0:
         return NoIndex("an edit list entry of duration 0")
+    if max(empty, duration, media_time) >= _MAX_TICKS:
+        return NoIndex(
+            f"an edit list with times past 2**62 ticks (start delay {empty}, "
+            f"media time {media_time}, duration {duration})"
+        )
     shown = (cts >= media_time) & (cts < media_time + duration)
     if not shown.any():
         return NoIndex("an edit list that shows no frame")

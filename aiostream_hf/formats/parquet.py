@@ -18,6 +18,13 @@ this, with the file size taken from the manifest (no HEAD request)::
 ``plan.ranges`` are exact file byte ranges (adjacent chunks merged); the fetcher
 may coalesce or split them further, and ``decode_row_group`` accepts any set of
 buffers that covers them (for example the tail itself, for a small file).
+
+No length or count in a file is trusted: the footer must fit in the file and in
+``MAX_FOOTER_SIZE`` before it is read, the row counts of the footer must add up,
+every column chunk planned must lie between the leading magic and the footer, a
+decoded row group must have the rows its footer says, and page CRCs are verified
+where the file has them (``verify_checksums``). Anything else is a ``DecodeError``
+naming the file (and the row group).
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ import threading
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, TypeAlias
 
 import pyarrow as pa
@@ -40,6 +48,7 @@ from .._models import FileRef
 from . import ByteSource, Decoder, ReadRequest, Unit
 
 __all__ = [
+    "MAX_FOOTER_SIZE",
     "BufferLike",
     "ParquetDecoder",
     "ParquetFooter",
@@ -58,6 +67,10 @@ __all__ = [
 TAIL_READ_SIZE = 64 * 1024
 """Bytes read from the end of a file first: enough for the footer of most files."""
 
+MAX_FOOTER_SIZE = 128 * 1024 * 1024
+"""Largest footer read (128 MiB, about a million column chunks); a file whose footer
+says more raises ``DecodeError`` before it is read. Footers are usually kilobytes."""
+
 _MAGIC = b"PAR1"
 _MAGIC_ENCRYPTED = b"PARE"
 _TRAILER = 8  # little-endian uint32 metadata length + magic
@@ -68,6 +81,9 @@ _MIN_FILE_SIZE = len(_MAGIC) + _TRAILER
 _PARQUET_816_PADDING = 100
 # Row groups that decode to fewer bytes than this per thread are decoded on one thread.
 _PARALLEL_MIN_BYTES = 4 * 1024 * 1024
+# Rows asked of pyarrow at once: see _read_columns.
+_MIN_BATCH_ROWS = 1 << 20
+_BATCH_ROWS_PER_BYTE = 64
 
 _PARQUET_MR_VERSION = re.compile(r"^parquet-mr\s+version\s+(\d+)\.(\d+)\.(\d+)")
 
@@ -163,6 +179,11 @@ def footer_length(tail: BufferLike, file_size: int, name: str) -> int:
             f"{name} is corrupt or truncated: its footer says {length} bytes "
             f"but the file has {file_size}"
         )
+    if length > MAX_FOOTER_SIZE:
+        raise DecodeError(
+            f"{name} is corrupt or unusual: its footer says {length} bytes, over "
+            f"MAX_FOOTER_SIZE={MAX_FOOTER_SIZE} (aiostream_hf.formats.parquet)"
+        )
     if len(view) == file_size and bytes(view[:4]) != _MAGIC:
         raise DecodeError(f"{name} is not a Parquet file: it does not start with {_MAGIC!r}")
     return length
@@ -185,6 +206,7 @@ def parse_footer(tail: BufferLike, file_size: int, name: str) -> ParquetFooter:
             paths: list[list[str]] = pf.reader.column_paths
     except (pa.ArrowException, OSError) as exc:
         raise DecodeError(f"cannot read the Parquet footer of {name}: {exc}") from exc
+    _check_row_counts(metadata, name)
     leaves: dict[str, list[int]] = {}
     for index, path in enumerate(paths):
         leaves.setdefault(path[0], []).append(index)
@@ -196,6 +218,22 @@ def parse_footer(tail: BufferLike, file_size: int, name: str) -> ParquetFooter:
         leaf_columns={column: tuple(indices) for column, indices in leaves.items()},
         metadata_file=metadata_file,
     )
+
+
+def _check_row_counts(metadata: pq.FileMetaData, name: str) -> None:
+    """The footer's row counts are not negative and those of its row groups add up."""
+    total = int(metadata.num_rows)
+    counts = [int(metadata.row_group(i).num_rows) for i in range(metadata.num_row_groups)]
+    bad = next((i for i, count in enumerate(counts) if count < 0), None)
+    if bad is not None:
+        raise DecodeError(
+            f"{name} is corrupt: row group {bad} of its footer says {counts[bad]} rows"
+        )
+    if total != sum(counts):
+        raise DecodeError(
+            f"{name} is corrupt: its footer says {total} rows, but its "
+            f"{len(counts)} row groups hold {sum(counts)}"
+        )
 
 
 def prune_row_groups(footer: ParquetFooter, filter: pc.Expression) -> list[int]:
@@ -288,6 +326,7 @@ def decode_row_group(
     buffers: Mapping[tuple[int, int], BufferLike],
     *,
     filter: pc.Expression | None = None,
+    verify_checksums: bool = True,
 ) -> pa.Table:
     """Decode one planned row group from fetched buffers; CPU-bound, run it in a thread.
 
@@ -297,16 +336,18 @@ def decode_row_group(
     refer to them: they can be freed once this returns. ``filter`` must be the
     one given to ``plan_row_groups``. The table keeps the schema's key-value
     metadata. Large row groups are decoded on several threads, joined before
-    this returns.
+    this returns. ``verify_checksums``: check the CRC of every page that has one;
+    a mismatch (the bytes changed since they were written) is a ``DecodeError``.
     """
     groups = _column_groups(footer, plan)
+    read = partial(
+        _read_columns, footer, plan.row_group, buffers=buffers, verify_checksums=verify_checksums
+    )
     try:
         if len(groups) == 1:
-            table = _read_columns(footer, plan.row_group, groups[0], buffers)
+            table = read(groups[0])
         else:
-            parts = list(
-                _pool().map(lambda g: _read_columns(footer, plan.row_group, g, buffers), groups)
-            )
+            parts = list(_pool().map(read, groups))
             fields = {field.name: (part, field) for part in parts for field in part.schema}
             table = pa.Table.from_arrays(
                 [fields[name][0].column(name) for name in plan.read_columns],
@@ -319,6 +360,11 @@ def decode_row_group(
         raise DecodeError(
             f"cannot decode row group {plan.row_group} of {footer.name}: {exc}"
         ) from exc
+    if table.num_rows != plan.num_rows:
+        raise DecodeError(
+            f"{footer.name} is corrupt: row group {plan.row_group} decoded to "
+            f"{table.num_rows} rows, but its footer says {plan.num_rows}"
+        )
     if filter is not None:
         try:
             table = table.filter(filter)
@@ -339,7 +385,9 @@ def _read_columns(
     footer: ParquetFooter,
     row_group: int,
     columns: Sequence[str],
+    *,
     buffers: Mapping[tuple[int, int], BufferLike],
+    verify_checksums: bool,
 ) -> pa.Table:
     """Decode some columns of a row group on this thread.
 
@@ -348,11 +396,37 @@ def _read_columns(
     them after the read returns, and one that does so while the interpreter
     exits aborts the process. So pyarrow decodes on the calling thread, and
     ``decode_row_group`` spreads columns over Python threads that it joins.
+
+    The row group is read in batches: pyarrow sizes its buffers by the rows it is
+    asked for, so asking for the footer's row count at once lets a footer that says
+    2**40 rows over a few pages allocate terabytes. A batch is at most
+    ``_BATCH_ROWS_PER_BYTE`` rows per byte of the column chunks (at least
+    ``_MIN_BATCH_ROWS``): one batch for any usual row group, and a lying count
+    ends with the rows the pages hold (``decode_row_group`` then refuses them).
     """
+    meta = footer.metadata.row_group(row_group)
+    chunk_bytes = sum(
+        meta.column(i).total_compressed_size for c in columns for i in footer.leaf_columns[c]
+    )
+    batch = min(
+        max(int(meta.num_rows), 1),
+        max(_MIN_BATCH_ROWS, _BATCH_ROWS_PER_BYTE * chunk_bytes),
+    )
     native = pa.PythonFile(_RangeFile(footer.name, footer.file_size, buffers), mode="r")
     try:
-        with pq.ParquetFile(native, metadata=footer.metadata, pre_buffer=False) as pf:
-            return pf.read_row_group(row_group, columns=list(columns), use_threads=False)
+        with pq.ParquetFile(
+            native,
+            metadata=footer.metadata,
+            pre_buffer=False,
+            page_checksum_verification=verify_checksums,
+        ) as pf:
+            names = list(columns)
+            batches = list(
+                pf.iter_batches(batch, row_groups=[row_group], columns=names, use_threads=False)
+            )
+            if not batches:
+                return pf.schema_arrow.empty_table().select(names)
+            return pa.Table.from_batches(batches)
     finally:
         native.close()
 
@@ -455,10 +529,19 @@ def _chunk_range(
     if chunk.has_dictionary_page and dictionary is not None and 0 < dictionary < start:
         start = int(dictionary)
     end = start + int(chunk.total_compressed_size)
-    if start < 0 or end < start or end > footer.file_size:
+    # Column chunks lie between the leading magic and the footer.
+    data_end = footer.file_size - (len(footer.metadata_file) - len(_MAGIC))  # footer starts
+    if start < len(_MAGIC) or end < start or end > data_end:
         raise DecodeError(
             f"{footer.name} is corrupt: column chunk {chunk.path_in_schema!r} of row group "
-            f"{row_group} claims bytes [{start}, {end}) of a {footer.file_size}-byte file"
+            f"{row_group} claims bytes [{start}, {end}) of a {footer.file_size}-byte file "
+            f"whose column data lies in [{len(_MAGIC)}, {data_end})"
+        )
+    if chunk.total_uncompressed_size < 0 or chunk.num_values < 0:
+        raise DecodeError(
+            f"{footer.name} is corrupt: column chunk {chunk.path_in_schema!r} of row group "
+            f"{row_group} says {chunk.total_uncompressed_size} bytes uncompressed and "
+            f"{chunk.num_values} values"
         )
     return start, min(end + padding, footer.file_size)
 
@@ -602,4 +685,10 @@ class ParquetDecoder(Decoder[ParquetUnit]):
     ) -> pa.Table:
         assert unit.footer is not None
         assert unit.plan is not None
-        return decode_row_group(unit.footer, unit.plan, fetched, filter=request.filter)
+        return decode_row_group(
+            unit.footer,
+            unit.plan,
+            fetched,
+            filter=request.filter,
+            verify_checksums=request.verify_checksums,
+        )

@@ -83,6 +83,7 @@ from . import (
 
 __all__ = [
     "DEFAULT_MAX_MEMBER_SIZE",
+    "MAX_EXTENDED_HEADER_SIZE",
     "SampleGrouper",
     "SkippedShardWarning",
     "TarMember",
@@ -96,6 +97,10 @@ __all__ = [
 
 DEFAULT_MAX_MEMBER_SIZE = 2 << 30
 """Largest member body a reader holds (2 GiB); a larger one is a ``DecodeError``."""
+
+MAX_EXTENDED_HEADER_SIZE = 1 << 20
+"""Largest pax or GNU long-name/long-link record read (1 MiB; real ones hold a path and
+a few times); a larger one is a ``DecodeError``, whatever ``max_member_size`` is."""
 
 _BLOCK = 512
 _ZERO_BLOCK = bytes(_BLOCK)
@@ -191,6 +196,13 @@ class TarReader:
     bytes ``1f 8b``, whatever the URL says), ``"gzip"`` or ``"none"``.
     ``start_offset``: the TAR offset of the first byte fed, to resume an
     uncompressed shard at a member boundary (a ``TarMember.end``).
+    ``size``: the shard's size in bytes, when known: in an uncompressed shard, a
+    header whose size field reaches past it is corrupt at once (a damaged size
+    field is refused before any of its "body" is collected).
+
+    No size field is trusted: a body larger than ``max_member_size``, a pax or GNU
+    long-name record larger than ``MAX_EXTENDED_HEADER_SIZE``, or a body past the
+    end of the shard raises ``DecodeError`` naming the shard, the offset and the size.
     """
 
     def __init__(
@@ -200,6 +212,7 @@ class TarReader:
         max_member_size: int = DEFAULT_MAX_MEMBER_SIZE,
         compression: Literal["auto", "gzip", "none"] = "auto",
         start_offset: int = 0,
+        size: int | None = None,
     ) -> None:
         if max_member_size < 0:
             raise ValueError(f"max_member_size={max_member_size!r}: must be >= 0")
@@ -217,6 +230,7 @@ class TarReader:
             )
         self.url = url
         self.max_member_size = max_member_size
+        self.size = size
         self._gzip: bool | None = None if compression == "auto" else compression == "gzip"
         if start_offset:
             self._gzip = False  # mid-stream: nothing to sniff, and gzip cannot resume
@@ -239,6 +253,7 @@ class TarReader:
         self._ended = False
         self._closed = False
         self._error: DecodeError | None = None
+        self._open_member: str | None = None  # the regular member whose padded body is read
 
     # -- public state ---------------------------------------------------------------------
 
@@ -266,6 +281,13 @@ class TarReader:
     def compressed(self) -> bool | None:
         """Whether the stream is gzip-compressed (None until its first two bytes arrive)."""
         return self._gzip
+
+    @property
+    def broken_member(self) -> str | None:
+        """The name of the regular member the stream is inside (its header was read, its
+        padded body not all of it), or was refused at (oversized): after damage or a
+        cut, the member that is lost. None between members."""
+        return self._open_member
 
     # -- feeding --------------------------------------------------------------------------
 
@@ -392,6 +414,8 @@ class TarReader:
                     k = min(self._skip, n - pos)
                     self._skip -= k
                     pos += k
+                    if not self._skip:
+                        self._open_member = None  # its padding is read: the member is whole
                 elif self._want:
                     want = self._want
                     k = n - pos
@@ -435,7 +459,17 @@ class TarReader:
             "(the shard is damaged or is not a TAR file)"
         )
 
+    def _body_fits(self, at: int, size: int, what: str) -> None:
+        """A body of ``size`` bytes after the header at ``at`` ends inside the shard."""
+        if self.size is not None and self._gzip is False and at + _BLOCK + size > self.size:
+            raise self._corrupt(
+                at,
+                f"{what} says {size} bytes, past the end of the {self.size}-byte shard "
+                f"({self.size - at - _BLOCK} bytes follow the header)",
+            )
+
     def _header(self, buf: bytes, at: int, out: list[TarMember]) -> None:
+        self._open_member = None  # a header starts: the member before it is whole
         if buf == _ZERO_BLOCK:
             if self._chain_start is not None:
                 raise self._corrupt(at, "end-of-archive block right after an extended header")
@@ -458,11 +492,19 @@ class TarReader:
         if kind in _EXTENDED:
             if self._chain_start is None and kind != b"g":
                 self._chain_start = at
-            if size > self.max_member_size:
+            limit = min(self.max_member_size, MAX_EXTENDED_HEADER_SIZE)
+            if size > limit:
                 raise DecodeError(
-                    f"{self.url}: the extended header at offset {at} has {size} bytes, "
-                    f"over max_member_size={self.max_member_size}"
+                    f"{self.url}: the extended header ({kind.decode('latin-1')!r}) at offset "
+                    f"{at} has {size} bytes, over "
+                    + (
+                        f"MAX_EXTENDED_HEADER_SIZE={MAX_EXTENDED_HEADER_SIZE}"
+                        if limit == MAX_EXTENDED_HEADER_SIZE
+                        else f"max_member_size={self.max_member_size}"
+                    )
+                    + " (the shard is damaged, or not a TAR file)"
                 )
+            self._body_fits(at, size, "the extended header")
             self._ext = kind
             self._name = f"<{kind.decode('latin-1')} header>"
             self._offset = at
@@ -514,13 +556,16 @@ class TarReader:
         if kind in _NO_BODY:
             return  # tarfile reads no body for these, whatever the size field says
         if kind not in _REGULAR:
+            self._body_fits(at, size, f"entry {name!r} of type {kind!r}")
             self._skip = size + pad  # an unknown type: tarfile skips its body
             return
+        self._open_member = name
         if size > self.max_member_size:
             raise DecodeError(
                 f"{self.url}: member {name!r} at offset {offset} has {size} bytes, "
                 f"over max_member_size={self.max_member_size}"
             )
+        self._body_fits(at, size, f"member {name!r}")
         self._ext = None
         self._name = name
         self._offset = offset
@@ -538,6 +583,8 @@ class TarReader:
         self._skip = -len(data) % _BLOCK
         ext = self._ext
         if ext is None:
+            if not self._skip:
+                self._open_member = None  # no padding to read: the member is whole
             out.append(TarMember(self._name, data, self._offset, self._end))
             return
         self._ext = None
@@ -620,6 +667,13 @@ class SampleGrouper:
         self._sample_end = member.end
         return done
 
+    def key_of(self, name: str) -> str | None:
+        """The key of the sample a member named ``name`` belongs to (None: not grouped)."""
+        if _is_meta(name):
+            return None
+        match = _BASE_PLUS_EXT.match(name)
+        return None if match is None else match.group(1)
+
     def flush(self) -> Sample | None:
         """The last sample of the shard (call at its end)."""
         sample, self._sample = self._sample, None
@@ -631,18 +685,45 @@ class SampleGrouper:
 def iter_samples(
     url: str, blocks: Iterable[bytes | bytearray | memoryview], **kwargs: Any
 ) -> Iterator[Sample]:
-    """The samples of one shard given as blocks of bytes (``kwargs`` go to ``TarReader``)."""
+    """The samples of one shard given as blocks of bytes (``kwargs`` go to ``TarReader``).
+
+    A damaged shard yields every whole sample before the damage (the one being grouped
+    too, as webdataset does, unless the damage is inside one of its members), then
+    raises ``DecodeError``."""
     reader = TarReader(url, **kwargs)
     grouper = SampleGrouper(url)
     for block in blocks:
-        for member in reader.feed(block):
+        try:
+            members = reader.feed(block)
+        except DecodeError:
+            if (held := _held_sample(reader, grouper)) is not None:
+                yield held
+            raise
+        for member in members:
             sample = grouper.push(member)
             if sample is not None:
                 yield sample
-    reader.close()
+    try:
+        reader.close()
+    except DecodeError:
+        if (held := _held_sample(reader, grouper)) is not None:
+            yield held
+        raise
     sample = grouper.flush()
     if sample is not None:
         yield sample
+
+
+def _held_sample(reader: TarReader, grouper: SampleGrouper) -> Sample | None:
+    """After the stream broke off: the sample being grouped, unless the break is inside
+    one of its members (then it is incomplete)."""
+    sample = grouper.flush()
+    if sample is None:
+        return None
+    broken = reader.broken_member
+    if broken is not None and grouper.key_of(broken) == sample["__key__"]:
+        return None
+    return sample
 
 
 def samples_to_table(samples: Sequence[Sample], columns: Sequence[str] | None = None) -> pa.Table:
@@ -753,6 +834,7 @@ class _Shard:
         url: str,
         start: Position,
         request: ReadRequest,
+        size: int | None = None,
     ) -> None:
         offset = start.offset
         self.url = url
@@ -764,7 +846,10 @@ class _Shard:
             max_member_size=decoder.max_member_size,
             compression="none" if offset else "auto",
             start_offset=offset or 0,
+            size=size,
         )
+        self.torn = False  # the TAR stream broke off (damage, a cut): see salvage()
+        self.skipped = 0  # samples skipped under on_error since the last chunk
         self.grouper = SampleGrouper(url)
         self.skip = start.skip if offset is None else 0  # samples to pass (a resumed gzip)
         self.passed = 0  # samples parsed from where the reading started (for skip counts)
@@ -782,20 +867,44 @@ class _Shard:
     def feed(self, block: bytes) -> Chunk | None:
         samples = []
         grouper = self.grouper
-        for member in self.reader.feed(block):
+        try:
+            members = self.reader.feed(block)
+        except DecodeError:
+            self.torn = True
+            raise
+        for member in members:
             sample = grouper.push(member)
             if sample is not None:
                 samples.append((sample, grouper.last_end))
-        return self._chunk(samples, final=False) if samples else None
+        return self._counted(self._chunk(samples, final=False)) if samples else None
 
     def finish(self) -> Chunk:
-        self.reader.close()
+        try:
+            self.reader.close()
+        except DecodeError:
+            self.torn = True
+            raise
         sample = self.grouper.flush()
         done = [(sample, self.grouper.last_end)] if sample is not None else []
-        return self._chunk(done, final=True)
+        return self._counted(self._chunk(done, final=True))
+
+    def salvage(self, exc: Exception) -> Chunk | None:
+        """After the TAR stream broke off (a corrupt header, a cut, a failed read): the
+        sample being grouped, as webdataset delivers it, unless the break is inside one
+        of its members (then it is incomplete, and dropped)."""
+        if not (self.torn or isinstance(exc, FetchError)):
+            return None  # not damage to the stream (a sample decode= failed on, ...)
+        sample = _held_sample(self.reader, self.grouper)
+        if sample is None:
+            return None
+        columns = self.request.columns
+        if columns is not None and any(c not in sample for c in columns):
+            return None  # the members it lacks may lie past the damage: not known whole
+        return self._counted(self._chunk([(sample, self.grouper.last_end)], final=False))
 
     def abandon(self) -> Chunk:
-        """The final, empty chunk after damage: the sample being grouped is dropped."""
+        """The final, empty chunk after damage (the rest of the shard is skipped)."""
+        skipped, self.skipped = self.skipped, 0
         return Chunk(
             [] if self.request.rows else samples_to_table([]),
             (self._mark(),),
@@ -803,7 +912,14 @@ class _Shard:
             True,
             _SAMPLE_OVERHEAD,
             self.by_offset,
+            skipped=skipped,
+            damaged=True,
         )
+
+    def _counted(self, chunk: Chunk) -> Chunk:
+        """The chunk, with the samples skipped since the last one counted in it."""
+        skipped, self.skipped = self.skipped, 0
+        return dataclasses.replace(chunk, skipped=skipped) if skipped else chunk
 
     def _chunk(self, samples: list[tuple[Sample, int]], *, final: bool) -> Chunk:
         """Samples (each with the TAR offset just past it) as the next chunk."""
@@ -858,6 +974,7 @@ class _Shard:
                 if self.policy == "raise":
                     raise DecodeError(message) from exc
                 self.problems.append(message + "; the sample is skipped")
+                self.skipped += 1
                 if not out:
                     kept[0] = position
                 continue
@@ -934,7 +1051,7 @@ class WebDatasetDecoder(SequentialDecoder[Unit]):
                 f"decode={self.decode_spec!r} gives Python objects, which output='arrow' "
                 "and batch_size= cannot hold: take dict rows (batch in your DataLoader)"
             )
-        shard = _Shard(self, url, start, request)
+        shard = _Shard(self, url, start, request, size=file.size)
         # A rendezvous: the reader holds one block ready while the parser works on the last.
         send, receive = anyio.create_memory_object_stream[bytes](0)
         failed: list[Exception] = []
@@ -972,6 +1089,12 @@ class WebDatasetDecoder(SequentialDecoder[Unit]):
             if failed:
                 raise failed[0]
         except (DecodeError, FetchError) as exc:
+            # The sample being grouped when the stream broke off, if it is whole, comes
+            # first (webdataset delivers it too); then the error, or the skip.
+            salvaged = await anyio.to_thread.run_sync(shard.salvage, exc)
+            if salvaged is not None:
+                self._report(shard)
+                await emit(salvaged)
             if self.on_error == "raise":
                 raise
             at = shard.reader.offset
