@@ -24,6 +24,10 @@ or put this library's stream at the head of a ``wds.DataPipeline``::
 
 Samples are what ``webdataset`` builds: ``{"__key__", "__url__", ext: bytes}``
 (see ``aiostream_hf.formats.webdataset`` for the few differences, all on purpose).
+
+Image decoding (``decode="rgb8"``, ``"pil"``, ...) is webdataset's, with Pillow:
+``pip install 'aiostream-hf[image]'`` (without it the stream is refused when made,
+naming that extra).
 """
 
 from __future__ import annotations
@@ -82,6 +86,7 @@ def stream(
     on_error: OnError = "raise",
     readahead: int = 2,
     columns: Sequence[str] | None = None,
+    missing_is_error: bool = True,
     batch_size: int | None = None,
     output: Output = "python",
     split: str | None = None,
@@ -95,18 +100,24 @@ def stream(
     configured ``WebDatasetDecoder``).
 
     ``decode``: None (bytes), an image spec of webdataset (``"pil"``, ``"rgb8"``,
-    ``"torchrgb"``, ...), a handler, or a list of them (webdataset's
-    ``autodecode``). ``shuffle``: shard order by (seed, epoch), and samples
+    ``"torchrgb"``, ...; Pillow, the ``image`` extra), a handler, or a list of them
+    (webdataset's ``autodecode``). ``shuffle``: shard order by (seed, epoch), and samples
     through a buffer of that size (True: 1000). ``resampled``: shards drawn
     with replacement, endlessly, by (seed, epoch, rank). ``rank``/``world_size``
     split the shards (``aiostream_hf.torch.StreamDataset`` passes rank x
     DataLoader worker). ``on_error``: ``"raise"``, ``"warn"`` or
     ``"skip_shard"`` for a damaged shard. ``readahead``: shards read ahead of
     the one being consumed. ``columns``: the extensions to keep (plus
-    ``__key__``/``__url__`` if named).
+    ``__key__``/``__url__`` if named); as with webdataset's ``to_tuple``, a
+    sample without one of them raises ``SourceError`` naming it, unless
+    ``missing_is_error=False`` (optional columns: None where a sample lacks one).
     """
     decoder = WebDatasetDecoder(
-        decode=decode, on_error=on_error, readahead=readahead, resampled=resampled
+        decode=decode,
+        on_error=on_error,
+        readahead=readahead,
+        resampled=resampled,
+        missing_is_error=missing_is_error,
     )
     if decode is not None and (output != "python" or batch_size is not None):
         raise SourceError(

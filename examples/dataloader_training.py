@@ -22,6 +22,7 @@ import argparse
 import contextlib
 import functools
 import gc
+import os
 import tempfile
 import time
 import warnings
@@ -35,8 +36,15 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 import aiostream_hf as ash
 from aiostream_hf.torch import StreamDataset
 
-# torchdata 0.11 calls a torch function that torch 2.13 deprecates; nothing to do about it here.
-warnings.filterwarnings("ignore", message="'set_vital' is deprecated")
+
+def default_workers() -> int:
+    """One DataLoader worker per core this process may run on, at most 4: more workers
+    than cores only contend with each other and the training loop (torch warns)."""
+    if hasattr(os, "sched_getaffinity"):  # the cores of this container or cgroup
+        cores = len(os.sched_getaffinity(0))
+    else:
+        cores = os.cpu_count() or 1
+    return max(1, min(4, cores))
 
 
 @contextlib.contextmanager
@@ -71,12 +79,19 @@ def collate(rows: list[dict[str, Any]], column: str) -> tuple[torch.Tensor, torc
 
 
 def make_loader(ds: StreamDataset, args: argparse.Namespace) -> StatefulDataLoader:
-    return StatefulDataLoader(
-        ds,
-        batch_size=args.batch_size,
-        num_workers=args.workers,
-        collate_fn=functools.partial(collate, column=args.column),
-    )
+    with warnings.catch_warnings():
+        # StatefulDataLoader is torchdata's current API (0.11, the latest release), but its
+        # __init__ still calls torch.set_vital, which torch 2.13 deprecates. That one
+        # warning, from torchdata's own code, is not ours to fix; every other one shows.
+        warnings.filterwarnings(
+            "ignore", "'set_vital' is deprecated", category=UserWarning, module=r"torchdata\."
+        )
+        return StatefulDataLoader(
+            ds,
+            batch_size=args.batch_size,
+            num_workers=args.workers,
+            collate_fn=functools.partial(collate, column=args.column),
+        )
 
 
 def train(source: str, endpoint: str | None, args: argparse.Namespace) -> None:
@@ -140,7 +155,12 @@ def main() -> None:
     parser.add_argument("--column", default="text", help="a text column")
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=default_workers(),
+        help="DataLoader worker processes (default: one per core, at most 4)",
+    )
     parser.add_argument("--shuffle", type=int, default=256, help="shuffle buffer, in rows")
     args = parser.parse_args()
     if args.source:

@@ -13,6 +13,7 @@ import io
 import json
 import logging
 import pickle
+import re
 import tarfile
 import warnings
 from collections.abc import Iterator, Sequence
@@ -381,6 +382,68 @@ async def test_decode_rgb8_equals_webdataset(
         ashwds.stream(url, decode="jpeg-please")
     with pytest.raises(ash.SourceError, match="output='arrow'"):
         ashwds.stream(url, decode="pil", output="arrow")
+
+
+# -- columns: webdataset's to_tuple ------------------------------------------------------
+
+
+@pytest.fixture
+def optional_png(tmp_path: Path) -> Iterator[tuple[HubServer, str]]:
+    """One shard whose middle sample alone has a png; the server and the shard's URL."""
+    root = tmp_path / "hub"
+    repo = make_repo(root, "org/optional", {})
+    with (repo / "train-000000.tar").open("wb") as f, wds.TarWriter(f, encoder=False) as w:
+        w.write({"__key__": "a", "jpg": b"A", "cls": b"0"})
+        w.write({"__key__": "b", "jpg": b"B", "png": b"P", "cls": b"1"})
+        w.write({"__key__": "c", "jpg": b"C", "cls": b"2"})
+    with HubServer(root) as server:
+        yield server, server.url("org/optional", "train-000000.tar")
+
+
+async def test_a_missing_column_raises_naming_sample_shard_and_extensions(
+    optional_png: tuple[HubServer, str], tmp_path: Path
+) -> None:
+    import pyarrow.compute as pc
+
+    hub, url = optional_png
+    opts = _options(tmp_path)
+    # Every way in refuses a sample without a requested column, whatever on_error says
+    # (it is a question of the request, not damage to skip).
+    for s in (
+        ashwds.stream(url, columns=["__key__", "png"], options=opts),
+        ashwds.stream(url, columns=["png"], options=opts, on_error="warn"),
+        ashwds.stream(url, columns=["png"], options=opts, output="arrow"),
+        ash.stream("hf://datasets/org/optional", endpoint=hub.endpoint, columns=["png"]),
+    ):
+        with pytest.raises(ash.SourceError) as info:
+            async with s:
+                await collect(s)
+        message = str(info.value)
+        shard = url.replace("/resolve/main/", "/resolve/[0-9a-z]+/")  # hf:// pins the commit
+        assert re.match(rf"{shard}: sample 'a' has no 'png' \(its extensions: ", message)
+        assert sorted(message.split("extensions: ")[1].split(")")[0].split(", ")) == [
+            "cls",
+            "jpg",
+        ]
+        assert "missing_is_error=False" in message
+        assert "filter=pyarrow.compute.field('png').is_valid()" in message
+
+    # Optional columns: None where a sample lacks one, as to_tuple(missing_is_error=False).
+    async with ashwds.stream(
+        url, columns=["__key__", "png"], missing_is_error=False, options=opts
+    ) as s:
+        assert await collect(s) == [
+            {"__key__": "a", "png": None},
+            {"__key__": "b", "png": b"P"},
+            {"__key__": "c", "png": None},
+        ]
+    # Or only the samples that have it: those a filter drops are not checked.
+    only = pc.field("png").is_valid()
+    async with ash.stream(url, columns=["__key__", "png"], filter=only, options=opts) as s:
+        assert await collect(s) == [{"__key__": "b", "png": b"P"}]
+    # Columns every sample has stream as before.
+    async with ashwds.stream(url, columns=["__key__", "cls"], options=opts) as s:
+        assert [row["cls"] for row in await collect(s)] == [b"0", b"1", b"2"]
 
 
 async def test_memory_is_bounded_by_the_budget_not_by_shards(

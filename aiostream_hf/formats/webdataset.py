@@ -50,11 +50,19 @@ all on purpose:
   (``tarfile`` uses the file-system encoding, UTF-8 on every usual system).
 - a global pax header is not replayed when a stream resumes past it (it only
   matters if it sets ``path``, which no writer does).
+- ``columns=`` is webdataset's ``to_tuple``: a sample without one of the columns
+  is an error (``SourceError`` naming the sample, the shard, the column and the
+  extensions it has), unless ``missing_is_error=False`` (None there), as
+  ``to_tuple(..., missing_is_error=False)``; samples a ``filter=`` drops are not
+  checked, so ``filter=pc.field("png").is_valid()`` keeps only those with a png.
+- an image ``decode=`` without Pillow fails when the stream is made (``SourceError``
+  naming the ``image`` extra), not at the first image.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import logging
 import re
 import struct
@@ -730,7 +738,8 @@ def samples_to_table(samples: Sequence[Sample], columns: Sequence[str] | None = 
     """Samples as a table: ``__key__``, ``__url__`` and one ``large_binary`` per extension.
 
     Extensions come in the order first seen (or ``columns``' order, with a
-    missing one all null); a sample without an extension has a null there.
+    missing one all null); a sample without an extension has a null there
+    (``WebDatasetDecoder`` checks ``columns`` first, see ``missing_is_error``).
     """
     if columns is None:
         names: dict[str, None] = {}
@@ -778,13 +787,44 @@ class SkippedShardWarning(UserWarning):
     """Part of a shard was skipped under ``on_error="warn"``; the message says where and why."""
 
 
+_EXTRAS = {"PIL": ("Pillow", "image"), "torch": ("torch", "torch")}
+
+
+def _installed(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):  # a parent package missing, or blocked in sys.modules
+        return False
+
+
+def _require(module: str, spec: str) -> None:
+    """An image spec's library is there, or a ``SourceError`` naming the extra that brings it."""
+    if not _installed(module):
+        name, extra = _EXTRAS[module]
+        raise SourceError(
+            f"decode={spec!r} decodes images with {name}, which is not installed: "
+            f"pip install 'aiostream-hf[{extra}]'"
+        )
+
+
+def _require_image_libraries(spec: str) -> None:
+    from webdataset import autodecode
+
+    _require("PIL", spec)  # every image spec reads the image with Pillow
+    kind = autodecode.imagespecs.get(spec, ("",))[0]
+    if kind == "torch":
+        _require("torch", spec)
+
+
 def sample_decoder(decode: Any) -> Callable[[Sample], Sample] | None:
     """webdataset's ``autodecode.Decoder`` for ``decode``, as ``wds.decode(*specs)`` builds it.
 
     ``decode``: None (bytes as stored), an image spec (``"pil"``, ``"rgb8"``,
     ``"torchrgb"``, ... see ``webdataset.autodecode.imagespecs``), a handler
     callable ``(key, data) -> value``, or a list of those; the default handlers
-    (text, json, cls, npy, ...) come after them, as in webdataset.
+    (text, json, cls, npy, ...) come after them, as in webdataset. Image specs
+    (and webdataset's ``ImageHandler``) need Pillow, the ``image`` extra: without
+    it this raises ``SourceError`` at once, naming the extra.
     """
     if decode is None:
         return None
@@ -799,13 +839,34 @@ def sample_decoder(decode: Any) -> Callable[[Sample], Sample] | None:
                     f"decode={spec!r}: not an image spec; use one of "
                     f"{', '.join(sorted(autodecode.imagespecs))}, a handler, or None"
                 )
+            _require_image_libraries(spec)
             handlers.append(autodecode.imagehandler(spec))
         elif callable(spec):
+            if isinstance(spec, autodecode.ImageHandler):
+                _require_image_libraries(spec.imagespec)
             handlers.append(spec)
         else:
             raise SourceError(f"decode={spec!r}: give an image spec string or a handler callable")
     decoder: Callable[[Sample], Sample] = autodecode.Decoder(handlers)
     return decoder
+
+
+def _check_columns(samples: Iterable[Sample], columns: Sequence[str], url: str) -> None:
+    """``SourceError`` for the first sample that lacks one of ``columns`` (webdataset's
+    ``to_tuple`` raises for a missing key too), naming the sample, shard, column and
+    the extensions the sample has, and the two ways out."""
+    for sample in samples:
+        missing = [name for name in columns if name not in sample]
+        if not missing:
+            continue
+        has = [name for name in sample if name not in ("__key__", "__url__")]
+        raise SourceError(
+            f"{url}: sample {sample.get('__key__')!r} has no {missing[0]!r} (its extensions: "
+            f"{', '.join(has) or 'none'}), which columns={list(columns)!r} asks for: "
+            "pass missing_is_error=False (aiostream_hf.webdataset.stream or "
+            "WebDatasetDecoder) for None where a sample lacks a column, or "
+            f"filter=pyarrow.compute.field({missing[0]!r}).is_valid() to skip such samples"
+        )
 
 
 def _weight(sample: Sample) -> int:
@@ -840,6 +901,7 @@ class _Shard:
         self.url = url
         self.policy = decoder.on_error
         self.decode = decoder.sample_decoder
+        self.missing_is_error = decoder.missing_is_error
         self.request = request
         self.reader = TarReader(
             url,
@@ -935,8 +997,6 @@ class _Shard:
                 continue
             kept.append(sample)
             positions.append(self._mark())
-        if request.columns is not None and request.rows:
-            kept = [{name: s.get(name) for name in request.columns} for s in kept]
         if request.filter is not None:
             table = samples_to_table(kept, request.columns)
             index = pa.array(range(len(kept)), pa.int64())
@@ -944,6 +1004,10 @@ class _Shard:
             chosen = picked.column("__row__").to_pylist()
             kept = [kept[i] for i in chosen]
             positions = [positions[0], *(positions[i + 1] for i in chosen)]
+        if request.columns is not None and self.missing_is_error:
+            _check_columns(kept, request.columns, self.url)
+        if request.columns is not None and request.rows:
+            kept = [{name: s.get(name) for name in request.columns} for s in kept]
         if self.decode is not None:
             kept, positions = self._decode(kept, positions)
         rows: pa.Table | list[Sample]
@@ -1000,6 +1064,10 @@ class WebDatasetDecoder(SequentialDecoder[Unit]):
     A sample that ``decode`` fails on is raised, or skipped with the same report.
     ``readahead``: shards read ahead of the one being consumed (open GETs).
     ``resampled``: draw shards with replacement, endlessly (by seed and rank).
+    ``missing_is_error`` (webdataset's ``to_tuple`` argument): a sample without
+    one of the stream's ``columns`` raises ``SourceError`` (True, the default;
+    whatever ``on_error`` says: it is a question of the request, not damage) or
+    has None there (False).
 
     ``plan``/``fetch``/``decode`` remain for code that drives decoders by
     units: one unit per shard, the whole shard in one read.
@@ -1016,6 +1084,7 @@ class WebDatasetDecoder(SequentialDecoder[Unit]):
         readahead: int = 2,
         resampled: bool = False,
         max_member_size: int = DEFAULT_MAX_MEMBER_SIZE,
+        missing_is_error: bool = True,
     ) -> None:
         if on_error not in _ON_ERROR:
             raise SourceError(f"on_error={on_error!r}: use 'raise', 'warn' or 'skip_shard'")
@@ -1027,11 +1096,13 @@ class WebDatasetDecoder(SequentialDecoder[Unit]):
         self.readahead = readahead
         self.resampled = bool(resampled)
         self.max_member_size = max_member_size
+        self.missing_is_error = bool(missing_is_error)
 
     def __repr__(self) -> str:
         return (
             f"WebDatasetDecoder(decode={self.decode_spec!r}, on_error={self.on_error!r}, "
-            f"readahead={self.readahead}, resampled={self.resampled})"
+            f"readahead={self.readahead}, resampled={self.resampled}, "
+            f"missing_is_error={self.missing_is_error})"
         )
 
     # -- streaming ------------------------------------------------------------------------
@@ -1133,7 +1204,13 @@ class WebDatasetDecoder(SequentialDecoder[Unit]):
 
     def decode(self, unit: Unit, fetched: Any, request: ReadRequest) -> pa.Table:
         url = unit.file.url
-        table = samples_to_table(list(iter_samples(url, [fetched])), request.columns)
+        samples = list(iter_samples(url, [fetched]))
+        table = samples_to_table(samples, request.columns)
         if request.filter is not None:
-            table = table.filter(request.filter)
+            keep = table.append_column("__row__", pa.array(range(len(samples)), pa.int64()))
+            chosen = keep.filter(request.filter).column("__row__").to_pylist()
+            table = table.take(pa.array(chosen, pa.int64()))
+            samples = [samples[i] for i in chosen]
+        if request.columns is not None and self.missing_is_error:
+            _check_columns(samples, request.columns, url)
         return table

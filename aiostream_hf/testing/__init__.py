@@ -5,6 +5,11 @@ from aiostream_hf.testing import HubServer, make_repo_split_naming
 make_repo_split_naming(root)
 with HubServer(root) as hub:
     ...  # point HF_ENDPOINT (or endpoint=) at hub.endpoint
+
+The makers need nothing beyond the runtime install; the server runs under uvicorn,
+which the ``server`` extra brings (``pip install 'aiostream-hf[server]'``, also in
+``test``). Without it, importing this module works and starting a server raises
+``HubServerError`` naming the extra.
 """
 
 from ._datasets import make_image_parquet as make_image_parquet

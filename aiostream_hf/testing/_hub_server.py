@@ -23,18 +23,33 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio.to_thread
 import httpx2
-import uvicorn
 
 from .._exceptions import ClosedResourceError, HubServerError
 from ._faults import Faults, RateLimits
 from ._hub_app import AccessRules, DeliberateCut, HubApp, HubStats
 from ._repos import RepoStore
 
+if TYPE_CHECKING:
+    import uvicorn
+
 __all__ = ["HubServer"]
+
+_SERVER_EXTRA = "pip install 'aiostream-hf[server]'"
+
+
+def _require_uvicorn() -> None:
+    """uvicorn runs the server; it is an extra (``server``), imported when a server starts."""
+    try:
+        import uvicorn  # noqa: F401
+    except ImportError as exc:
+        raise HubServerError(
+            f"the local Hub server (HubServer) needs uvicorn, which is not installed: "
+            f"{_SERVER_EXTRA}"
+        ) from exc
 
 
 class _DropDeliberateCuts(logging.Filter):
@@ -122,6 +137,7 @@ class HubServer:
             raise ClosedResourceError(
                 f"HubServer is {self._state}: create a new one to serve again"
             )
+        _require_uvicorn()  # here too for a subprocess: one clear line, not the child's traceback
         if self._use_subprocess:
             self._start_subprocess()
         else:
@@ -129,6 +145,8 @@ class HubServer:
         self._state = "running"
 
     def _start_thread(self) -> None:
+        import uvicorn
+
         hub_sock = _bind(self.host, self._ports[0], "Hub")
         try:
             cdn_sock = _bind(self.host, self._ports[1], "CDN")

@@ -30,7 +30,7 @@ import pytest
 import webdataset
 
 from aiostream_hf import formats
-from aiostream_hf._exceptions import ClosedResourceError, DecodeError
+from aiostream_hf._exceptions import ClosedResourceError, DecodeError, SourceError
 from aiostream_hf._models import FileRef
 from aiostream_hf.formats import ReadRequest, decoder_for
 from aiostream_hf.formats.webdataset import (
@@ -679,7 +679,9 @@ async def test_decoder_one_unit_per_shard(
     assert table.to_pylist() == reference(url)
 
     request = ReadRequest(columns=("__key__", "json", "missing"))
-    table = decoder.decode(units[0], fetched, request)
+    with pytest.raises(SourceError, match=r"sample 'sample00000000' has no 'missing'"):
+        decoder.decode(units[0], fetched, request)
+    table = WebDatasetDecoder(missing_is_error=False).decode(units[0], fetched, request)
     assert table.column_names == ["__key__", "json", "missing"]
     assert table.column("missing").null_count == table.num_rows
     assert json.loads(table.column("json")[0].as_py())["index"] == 0
