@@ -103,8 +103,11 @@ def test_shuffle_options_and_state_checks() -> None:
     for bad in (0, -1, 1.5, "yes"):
         with pytest.raises(SourceError, match="shuffle="):
             shuffle_buffer_size(bad)
-    state = {"version": 1, "seed": 3, "rank": 0}
+    state = {"version": 1, "seed": 3, "rank": 0, "epoch": 2}
     check_state(state, version=1, kind=None, same={"seed": 3, "rank": 0})
+    for epoch in (None, -1, "2", True):
+        with pytest.raises(SourceError, match="'epoch'"):
+            check_state({**state, "epoch": epoch}, version=1, kind=None, same={})
     with pytest.raises(SourceError, match="version"):
         check_state(state, version=2, kind=None, same={})
     with pytest.raises(SourceError, match="kind"):
