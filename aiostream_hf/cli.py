@@ -15,11 +15,13 @@ Ctrl-C with one line on stderr and exit code 130.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import platform
 import sys
 import time
+import urllib.parse
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,7 +36,7 @@ from ._exceptions import AiostreamError
 if TYPE_CHECKING:
     from ._client import HubClient
     from ._describe import LeRobotSummary, WebDatasetSummary
-    from ._models import Manifest
+    from ._models import FileRef, Manifest
 
 __all__ = ["main"]
 
@@ -678,6 +680,26 @@ def _video_url(url: str, endpoint: str | None) -> str:
     return f"{base}/datasets/{src.repo_id}/resolve/{revision}/{quote(src.path)}"
 
 
+async def _hub_file(url: str, token: str | None) -> str | FileRef:
+    """A Hub file's /resolve/ URL with its size and etag, from one HEAD request (the
+    Hub's own answer, as huggingface_hub reads it), so that a video smaller than the
+    first read is fetched once and a file that changes meanwhile is an error. If the
+    HEAD fails, the URL alone: the read then says what is wrong."""
+    from huggingface_hub import get_hf_file_metadata
+    from huggingface_hub.errors import HfHubHTTPError
+
+    from ._models import FileRef
+
+    try:
+        meta = await anyio.to_thread.run_sync(
+            functools.partial(get_hf_file_metadata, url, token=token)
+        )
+    except (HfHubHTTPError, OSError, ValueError):
+        return url
+    path = urllib.parse.unquote(url.partition("/resolve/")[2].partition("/")[2])
+    return FileRef(url=url, path=path, size=meta.size, etag=meta.etag)
+
+
 async def _frames(
     url: str, at: list[float], tolerance: float | None, endpoint: str | None, token: str | None
 ) -> dict[str, Any]:
@@ -687,7 +709,9 @@ async def _frames(
 
     # Frames far apart are read as separate concurrent ranges, not one span with holes.
     options = StreamOptions(coalesce_gap=64 * 1024)
-    source = _video_url(url, endpoint)
+    source: str | FileRef = _video_url(url, endpoint)
+    if url.startswith("hf://"):
+        source = await _hub_file(str(source), token)
     async with RangeFetcher(options, token=token, endpoint=endpoint) as fetcher:
         async with video.open(source, fetcher=fetcher) as reader:
             got = await reader.frames_at(at, tolerance_s=tolerance)  # None: the frame on screen

@@ -518,6 +518,10 @@ def test_frames_writes_a_contact_sheet(hub: HubServer, tmp_path: Path) -> None:
     assert f"wrote {out}: 3 frames of {W}x{H} h264 at 0.500, 1.000, 2.500 s" in text
     assert "fetched " in text
     assert " requests" in text
+    # Its size known from the Hub, a small video is read once, whole: at most 100%.
+    share = re.search(r"fetched .* \((\d+)%\) in (\d+) requests", text)
+    assert share is not None, text
+    assert int(share.group(1)) <= 100
     sheet = _read_png(out)
     pad = 4
     assert sheet.shape == (H + 2 * pad, 3 * W + 4 * pad, 3)
