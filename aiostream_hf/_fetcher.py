@@ -878,7 +878,10 @@ class _Transfer:
                     response = await f._hub.send(request, stream=True)
                 except _RETRYABLE_ERRORS as exc:
                     quick = None
-                    if isinstance(exc, _CONNECT_ERRORS):  # raises for a host never reached
+                    # A host we were sent to by a redirect (a CDN) exists: its refusals
+                    # get the usual retries. The file's own host, never reached, fails fast.
+                    first_hand = route is None or route.direct
+                    if first_hand and isinstance(exc, _CONNECT_ERRORS):
                         quick = f._hub.connect_failed(host, _display(url), exc, self.failures + 1)
                     outcome = _Retry(None, quick or None, exc)
                 except httpx2.HTTPError as exc:

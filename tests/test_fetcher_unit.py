@@ -1177,3 +1177,19 @@ async def test_a_local_file_replaced_between_two_reads_is_file_changed(tmp_path:
             async with f.iter_bytes(ref, block_size=100) as blocks:
                 async for _ in blocks:
                     pass
+
+
+async def test_a_cdn_that_refuses_connections_gets_the_usual_retries(fake: FakeHub) -> None:
+    """The Hub sent us there, so the CDN host exists: a refusal is retried as usual."""
+
+    async def refuse_cdn(request: httpx2.Request) -> httpx2.Response | None:
+        if request.url.host == "cdn.test":
+            raise httpx2.ConnectError("connection refused", request=request)
+        return None
+
+    fake.override = refuse_cdn
+    async with make_fetcher(fake, max_retries=3) as f:
+        with pytest.raises(RetriesExhaustedError) as info:
+            await f.read(fake.ref(BLOB), 0, 10)
+    assert info.value.attempts == 4
+    assert len(fake.cdn) == 4
