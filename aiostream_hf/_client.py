@@ -85,7 +85,8 @@ class ClientStatistics:
     in_flight / max_in_flight: requests holding a connection slot now / at the peak.
     throttled: 429 answers received.
     paused_hosts: hosts paused now (a 429, or a rate-limit budget used up).
-    pauses / paused_seconds: host pauses begun (or lengthened), and their seconds in all.
+    pauses / paused_seconds: host pauses begun (or lengthened by 5 s or more), and the
+        seconds of pause in all.
     rate_limit_failures: requests failed with ``RateLimitedError`` (asked to wait longer
         than ``max_rate_limit_wait``).
     unreachable_hosts: hosts that refused connections (or had no DNS name) before ever
@@ -440,6 +441,7 @@ class HubClient:
         gate = self._hosts.setdefault(host, _HostGate())
         now = anyio.current_time()
         added = 0.0
+        was_paused = gate.paused_until > now
         if limit is not None:
             remaining, reset = limit
             gate.budget, gate.budget_until = remaining, now + reset
@@ -454,9 +456,11 @@ class HubClient:
                 delay = self.backoff(failures + 1, backoff_base, backoff_max)
             capped = min(delay, max(MAX_SERVER_DELAY_S, backoff_max))
             added = max(added, gate.pause(now + capped, now + delay))
-        if added > 0:
+        self._paused_seconds += added
+        # A new pause, or one lengthened by a lot, is counted (and logged if long); the
+        # 429s of requests already in flight when the host paused only nudge it.
+        if added > 0 and (not was_paused or added >= LOG_PAUSE_S):
             self._pauses += 1
-            self._paused_seconds += added
             pause = gate.paused_until - now
             if pause >= LOG_PAUSE_S:
                 match = _RATELIMIT_BUCKET.match(headers.get("RateLimit") or "")

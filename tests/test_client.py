@@ -176,3 +176,29 @@ async def test_eight_streams_of_four_kinds_share_one_client(hub_root: Path, tmp_
     assert stats.requests == served.requests  # every request went through the one client
     assert served.connections <= stats.max_connections  # and one pool bounds them all
     assert client.closed  # closed by its last user
+
+
+async def test_the_429s_of_requests_in_flight_make_one_pause_and_one_log_line(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    client = HubClient(transport=httpx2.MockTransport(lambda r: httpx2.Response(200)))
+    headers = {"Retry-After": "30", "RateLimit": '"api";r=0;t=30'}
+    with caplog.at_level("WARNING", logger="aiostream_hf"):
+        async with client:
+            for _ in range(5):  # five requests in flight when the host said stop
+                client.note_response(
+                    "hub.test:80",
+                    object(),
+                    headers,
+                    429,
+                    failures=0,
+                    backoff_base=0.1,
+                    backoff_max=1.0,
+                )
+                await anyio.sleep(0.01)
+            stats = client.statistics()
+    assert (stats.pauses, stats.throttled, stats.paused_hosts) == (1, 5, 1)
+    assert 29.0 < stats.paused_seconds < 31.0
+    warned = [r for r in caplog.records if "rate-limited us" in r.getMessage()]
+    assert len(warned) == 1
+    assert 'bucket "api"' in warned[0].getMessage()
