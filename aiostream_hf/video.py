@@ -64,7 +64,6 @@ from av.video.frame import VideoFrame
 from ._exceptions import (
     ClosedResourceError,
     DecodeError,
-    FetchError,
     FrameTimestampError,
     SourceError,
 )

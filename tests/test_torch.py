@@ -243,7 +243,9 @@ def test_stateful_dataloader_resumes_in_a_new_process(hub: HubServer, tmp_path: 
             tail = (max(0, size - TAIL_READ_SIZE), size)  # bytes in it are not fetched again
             first = unit if f == at else 0
             bound += _covered([tail, *groups[first:]])
-            least += _covered([tail, *groups[first + 1 :]]) if f == at else _covered([tail, *groups])
+            least += (
+                _covered([tail, *groups[first + 1 :]]) if f == at else _covered([tail, *groups])
+            )
             rewind += _covered([tail, *groups]) - _covered([tail, *groups[first:]])
     assert least <= stats.bytes_served <= bound
     assert rewind > bound - stats.bytes_served  # a worker starting its file again would fail
