@@ -17,6 +17,7 @@ socket shut down under it.
 
 from __future__ import annotations
 
+import contextlib
 import ssl
 from collections.abc import AsyncIterator, Callable
 from typing import Any, TypeVar
@@ -147,10 +148,8 @@ def _shut_down(answer: Any) -> None:
     has already let go of its connection (at the end of the body, or on an error)."""
     if answer.connection is None:
         return
-    try:
+    with contextlib.suppress(RuntimeError, OSError):  # released meanwhile, or closed
         answer.shutdown()
-    except (RuntimeError, OSError):  # released meanwhile, or the socket already closed
-        pass
 
 
 class _Mapped(Exception):
