@@ -98,7 +98,10 @@ class ThreadedRangeTransport(httpx2.AsyncBaseTransport):
             answer.status,
             headers=list(answer.headers.items()),
             stream=_Body(self, request, answer),
-            extensions={"http_version": b"HTTP/1.1", "reason_phrase": answer.reason.encode()},
+            extensions={
+                "http_version": b"HTTP/1.1",
+                "reason_phrase": (answer.reason or "").encode(),
+            },
         )
 
     async def aclose(self) -> None:
