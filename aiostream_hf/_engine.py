@@ -525,7 +525,10 @@ class _Iteration(Generic[T]):
                 begun = engine._begin()
                 engine._started = time.monotonic()
                 engine._left = 0
-                self._scope = await self._tg.start(self._produce, begun)
+                # Shielded: the producer reports its scope at once, before any wait; a
+                # cancellation here would cancel it and end the iteration with nothing.
+                with anyio.CancelScope(shield=True):
+                    self._scope = await self._tg.start(self._produce, begun)
             try:
                 item = await self._receive.receive()
             except anyio.EndOfStream:
