@@ -146,6 +146,50 @@ async def main(
         tg.start_soon(consume_robot)
     outcomes["lerobot_task_group"] = "ok"
 
+    # 8. A mixture of two streams: the same exits (it enters the members' `async with`).
+    def mixture() -> ash.Mix:
+        return ash.mix([make(), make()], [0.5, 0.5], stop="all_exhausted")
+
+    try:
+        async for _ in mixture():
+            break
+        outcomes["mix_bare"] = "iterated"
+    except ash.UsageError as exc:
+        outcomes["mix_bare"] = "UsageError" if "async with" in str(exc) else str(exc)
+    async with mixture() as m:
+        async for _ in m:
+            break
+    outcomes["mix_break"] = m.statistics().samples
+
+    async def consume_mixture() -> None:
+        async with mixture() as m:
+            async for _ in m:
+                break
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(anyio.sleep, 0.05)
+        tg.start_soon(consume_mixture)
+    outcomes["mix_task_group"] = "ok"
+    try:
+        async with mixture() as m:
+            async for _ in m:
+                raise KeyError("mine")
+    except KeyError as exc:
+        outcomes["mix_body_error"] = type(exc).__name__
+    except BaseException as exc:  # reported, not hidden
+        outcomes["mix_body_error"] = repr(exc)
+    with anyio.move_on_after(0.2) as scope:
+        async with mixture() as m:
+            async for _ in m:
+                await anyio.sleep(10)
+    outcomes["mix_cancelled"] = scope.cancelled_caught
+    async with mixture() as m:
+        it = aiter(m)
+        await anext(it)
+        del it
+        gc.collect()
+        outcomes["mix_after_gc"] = sum([1 async for _ in m])
+
     gc.collect()
     await anyio.sleep(0.1)  # let closed sockets' transports finish on asyncio
     after = {"threads": threads(), "tasks": tasks(backend), "sockets": sockets(), "fds": fds()}
