@@ -51,6 +51,7 @@ from numbers import Real
 from types import TracebackType
 from typing import Any, Literal, Protocol
 
+import anyio
 import numpy as np
 
 from ._engine import Engine, check_state, state_int
@@ -465,6 +466,13 @@ class _MixIteration:
                 want = steps.send(got)
         except StopIteration as done:
             sample = done.value
+        except anyio.get_cancelled_exc_class():
+            raise  # nothing was taken: asking again goes on where this left off
+        except Exception:
+            # A member failed: this iteration ends here, rather than go on as if the
+            # member had ended (its samples after the error would be lost silently).
+            self.close()
+            raise
         finally:
             steps.close()
         if sample is _STOP:

@@ -204,7 +204,7 @@ class MixDataset(_StreamIterable):
                     "LeRobotStreamDataset: make one per source, then mix them"
                 )
         self._members = list(datasets)
-        self._weights = None if weights is None else list(weights)
+        self._weights = weights
         self._seed = seed
         self._stop: Stop = stop
         self._open(0, 1)  # bad weights, stop, seed or members fail here, in the parent

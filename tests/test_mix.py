@@ -379,6 +379,27 @@ def test_leaving_a_sync_loop_stops_the_members(small: list[Path]) -> None:
     assert _ids(resumed) == _ids(ash.mix(_members(small), list(WEIGHTS), seed=3))[1:]
 
 
+@pytest.mark.anyio
+async def test_a_member_that_fails_ends_the_iteration_with_its_error(
+    small: list[Path], tmp_path: Path
+) -> None:
+    bad = tmp_path / "bad.parquet"
+    bad.write_bytes(b"not a parquet file, " * 100)
+
+    def make() -> ash.Mix:
+        return ash.mix([*_members(small[:1]), ash.stream(str(bad))], stop="all_exhausted")
+
+    with pytest.raises(ash.DecodeError, match="bad.parquet"):
+        _ids(make())
+    async with make() as m:
+        it = aiter(m)
+        with pytest.raises(ash.DecodeError, match="bad.parquet"):
+            while True:
+                await anext(it)
+        with pytest.raises(StopAsyncIteration):  # not drawn on as if that member had ended
+            await anext(it)
+
+
 def test_a_mixture_within_a_mixture(small: list[Path]) -> None:
     def make() -> ash.Mix:
         a, b, c = _members(small)
