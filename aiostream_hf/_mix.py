@@ -175,8 +175,8 @@ class Mix:
     def _fresh(self) -> None:
         """The draws and counts of an iteration from the start of the epoch."""
         n = len(self._members)
-        self._draws = _Draws(self._weights, _generator(self._seed, self._epoch, self._consumer))
-        self._draws.fresh(n)
+        rng = _generator(self._seed, self._epoch, self._consumer)
+        self._draws = _Draws(self._weights, rng, n)
         self._exhausted = [False] * n
         self._drawn = [0] * n
         self._samples = 0
@@ -503,18 +503,18 @@ class _Draws:
     over the members left, their weights renormalized.
     """
 
-    def __init__(self, weights: tuple[float, ...] | None, rng: np.random.Generator) -> None:
+    def __init__(
+        self, weights: tuple[float, ...] | None, rng: np.random.Generator, members: int
+    ) -> None:
         self._weights = weights
         self._rng = rng
-        self._live: list[bool] = []
+        self._live = [True] * members
         self.start: Mapping[str, Any] = rng.bit_generator.state
         self.offset = 0
         self._batch: list[int] = []
 
     def next(self) -> int:
         """The member of the next draw (taken by ``take()``)."""
-        if not self._live:
-            raise AssertionError("_Draws used before restore() or drop()")
         if self.offset >= len(self._batch):
             self._new_batch()
         return self._batch[self.offset]
@@ -534,12 +534,6 @@ class _Draws:
         self.start = self._rng.bit_generator.state
         self._batch = self._draw()
         self.offset = offset
-
-    def fresh(self, members: int) -> None:
-        self._live = [True] * members
-        self.start = self._rng.bit_generator.state
-        self._batch = []
-        self.offset = 0
 
     def _new_batch(self) -> None:
         self.start = self._rng.bit_generator.state

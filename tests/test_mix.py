@@ -136,7 +136,7 @@ async def test_weights_land_within_4_sigma_over_30000_samples(big: list[Path]) -
     assert m.statistics().drawn == tuple(counts[i] for i in range(3))
 
 
-@pytest.mark.parametrize("weights", [WEIGHTS, None, (0.1, 0.1, 0.8)])
+@pytest.mark.parametrize("weights", [WEIGHTS, None, (0.1, 0.1, 0.8), (0.5, 0.0, 0.5)])
 def test_first_exhausted_stops_right_after_the_first_members_last_sample(
     small: list[Path], weights: tuple[float, ...] | None
 ) -> None:
