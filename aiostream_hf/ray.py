@@ -46,8 +46,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
-from collections.abc import Iterator, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 import numpy as np
 import pyarrow as pa
@@ -61,10 +61,13 @@ except ImportError as exc:
         "pip install 'aiostream-hf[ray]'"
     ) from exc
 
-from . import _bridge, _resolver, formats, lerobot
+from . import _bridge, _resolver, formats
 from ._exceptions import SourceError
 from ._models import FileRef, Manifest
 from ._stream import stream
+
+if TYPE_CHECKING:
+    from . import lerobot
 
 __all__ = ["LeRobotDatasource", "StreamDatasource", "read", "read_lerobot"]
 
@@ -95,6 +98,8 @@ _RAY_DOES = {
     "seed": "shuffle the Dataset: ds.random_shuffle(seed=...)",
     "client": "a client lives in one process; each read task uses its own",
 }
+#: A read task: the function Ray calls in the task, and what is known before it runs.
+_Task: TypeAlias = "tuple[Callable[[], Iterator[Block]], BlockMetadata]"
 _BLOCK_ITEMS = 256  # LeRobot items per block at most (fewer when their bytes fill a block)
 
 
@@ -198,6 +203,8 @@ def _shares(
     """Disjoint shares covering ``files`` once: consecutive groups of files, or, with
     fewer files than ``parallelism``, row-group shares of the large (splittable) ones."""
     n, parallelism = len(files), max(1, parallelism)
+    if n == 0:
+        return []
     if n >= parallelism or not splittable or not share_bytes:
         groups = min(parallelism, n)
         return [
@@ -210,7 +217,27 @@ def _shares(
     return shares
 
 
-class StreamDatasource(ray.data.Datasource):
+class _Datasource(ray.data.Datasource):
+    """What both datasources share: Ray's read-task protocol over ``_tasks``."""
+
+    def _tasks(self, parallelism: int, context: ray.data.DataContext) -> list[_Task]:
+        """(read function, metadata) of each read task for ``parallelism``; no I/O."""
+        raise NotImplementedError
+
+    def get_read_tasks(
+        self,
+        parallelism: int,
+        per_task_row_limit: int | None = None,
+        data_context: ray.data.DataContext | None = None,
+    ) -> list[ray.data.ReadTask]:
+        context = data_context or ray.data.DataContext.get_current()
+        return [
+            ray.data.ReadTask(read, metadata, per_task_row_limit=per_task_row_limit)
+            for read, metadata in self._tasks(parallelism, context)
+        ]
+
+
+class StreamDatasource(_Datasource):
     """The Ray datasource behind ``read()``: for ``ray.data.read_datasource`` callers.
 
     Resolves ``source`` when made (unless it is a ``Manifest``); ``get_read_tasks``
@@ -242,18 +269,12 @@ class StreamDatasource(ray.data.Datasource):
         """The bytes of the files on disk (decoded rows take more; a guess Ray refines)."""
         return _Share(self.manifest.files).size
 
-    def get_read_tasks(
-        self,
-        parallelism: int,
-        per_task_row_limit: int | None = None,
-        data_context: ray.data.DataContext | None = None,
-    ) -> list[ray.data.ReadTask]:
-        context = data_context or ray.data.DataContext.get_current()
+    def _tasks(self, parallelism: int, context: ray.data.DataContext) -> list[_Task]:
         shares = _shares(
             self.manifest.files, parallelism, self._splittable, context.target_max_block_size
         )
         return [
-            ray.data.ReadTask(
+            (
                 functools.partial(_read_share, self.manifest, share, self._read_kwargs),
                 BlockMetadata(
                     num_rows=None,
@@ -261,7 +282,6 @@ class StreamDatasource(ray.data.Datasource):
                     input_files=tuple(f.path for f in share.files),
                     exec_stats=None,
                 ),
-                per_task_row_limit=per_task_row_limit,
             )
             for share in shares
         ]
@@ -276,12 +296,14 @@ def _read_share(manifest: Manifest, share: _Share, kwargs: Mapping[str, Any]) ->
             yield pa.Table.from_batches([batch])
 
 
-class LeRobotDatasource(ray.data.Datasource):
+class LeRobotDatasource(_Datasource):
     """The Ray datasource behind ``read_lerobot()``: the metadata is read when made."""
 
     def __init__(
         self, repo: str | os.PathLike[str] | lerobot.LeRobotMetadata, **lerobot_options: Any
     ) -> None:
+        from . import lerobot  # PyAV: imported where LeRobot is read, not by every task
+
         super().__init__()  # type: ignore[no-untyped-call]
         _check_names("aiostream_hf.ray.read_lerobot", lerobot_options, _LEROBOT_KEYS)
         probe = lerobot.stream(repo, rank=0, world_size=1, **lerobot_options)
@@ -298,16 +320,10 @@ class LeRobotDatasource(ray.data.Datasource):
         """The frames' bytes as delivered (the data columns are small beside them)."""
         return sum(e.length for e in self._episodes) * self._item_bytes
 
-    def get_read_tasks(
-        self,
-        parallelism: int,
-        per_task_row_limit: int | None = None,
-        data_context: ray.data.DataContext | None = None,
-    ) -> list[ray.data.ReadTask]:
-        context = data_context or ray.data.DataContext.get_current()
+    def _tasks(self, parallelism: int, context: ray.data.DataContext) -> list[_Task]:
         episodes, n = self._episodes, len(self._episodes)
         groups = min(max(1, parallelism), n)
-        tasks = []
+        tasks: list[_Task] = []
         for i in range(groups):
             run = episodes[i * n // groups : (i + 1) * n // groups]
             rows = sum(e.length for e in run)
@@ -324,7 +340,7 @@ class LeRobotDatasource(ray.data.Datasource):
                 input_files=None,
                 exec_stats=None,
             )
-            tasks.append(ray.data.ReadTask(read, meta, per_task_row_limit=per_task_row_limit))
+            tasks.append((read, meta))
         return tasks
 
 
@@ -336,6 +352,8 @@ def _read_episodes(
 ) -> Iterator[Block]:
     """One read task: its episodes' items, a block per ``_BLOCK_ITEMS`` items or per
     ``block_bytes`` of them, whichever comes first."""
+    from . import lerobot
+
     s = lerobot.stream(
         metadata, episodes=list(episodes), split=None, rank=0, world_size=1, **kwargs
     )

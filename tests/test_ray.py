@@ -191,6 +191,7 @@ def test_large_files_split_into_shares_of_at_least_share_bytes() -> None:
         ash_ray._Share((files[1],), 0, 2),
         ash_ray._Share((files[1],), 1, 2),
     ]
+    assert ash_ray._shares([], 4, True, share_bytes=100) == []
     assert ash_ray._shares(files, 4, True, share_bytes=None) == [
         ash_ray._Share((files[0],)),
         ash_ray._Share((files[1],)),
