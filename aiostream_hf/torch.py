@@ -33,13 +33,9 @@ import torch.utils.data
 from . import _bridge, _ranks, _resolver, lerobot
 from ._exceptions import SourceError
 from ._mix import Mix, Stop
-from ._models import Manifest
-from ._options import StreamOptions
 from ._stream import stream
 
 __all__ = ["LeRobotStreamDataset", "MixDataset", "StreamDataset", "distributed_rank"]
-
-_RESOLVE_KEYS = ("config", "split", "data_files", "token", "endpoint")
 
 
 def distributed_rank() -> tuple[int, int]:
@@ -125,15 +121,7 @@ class StreamDataset(_StreamIterable):
     def __init__(self, source: Any, **stream_kwargs: Any) -> None:
         _no_rank("StreamDataset", stream_kwargs)
         super().__init__()
-        options = stream_kwargs.get("options") or StreamOptions()
-        resolve_kwargs = {k: stream_kwargs[k] for k in _RESOLVE_KEYS if k in stream_kwargs}
-        if isinstance(source, Manifest):
-            self.manifest = source
-        else:
-            self.manifest = _bridge.portal().call(_resolve, source, options, resolve_kwargs)
-        self._stream_kwargs = {k: v for k, v in stream_kwargs.items() if k not in _RESOLVE_KEYS}
-        self._stream_kwargs["token"] = stream_kwargs.get("token")
-        self._stream_kwargs["endpoint"] = stream_kwargs.get("endpoint")
+        self.manifest, self._stream_kwargs = _resolver.resolve_for_workers(source, stream_kwargs)
 
     def _open(self, consumer: int, consumers: int) -> _Resumable:
         return stream(self.manifest, rank=consumer, world_size=consumers, **self._stream_kwargs)
@@ -218,8 +206,3 @@ class MixDataset(_StreamIterable):
             consumer=consumer if consumers > 1 else None,
             what="datasets",
         )
-
-
-async def _resolve(source: Any, options: StreamOptions, kwargs: dict[str, Any]) -> Manifest:
-    async with _resolver.Resolver(options=options) as resolver:
-        return await resolver.resolve(source, **kwargs)

@@ -7,7 +7,13 @@ import types
 
 import pytest
 
-MODULES = ["aiostream_hf", "aiostream_hf.testing", "aiostream_hf.formats", "aiostream_hf.torch"]
+MODULES = [
+    "aiostream_hf",
+    "aiostream_hf.testing",
+    "aiostream_hf.formats",
+    "aiostream_hf.torch",
+    "aiostream_hf.ray",
+]
 
 
 @pytest.mark.parametrize("name", MODULES)
@@ -54,7 +60,9 @@ _DOING_IO = {
     "aiostream_hf.video",
     "aiostream_hf.webdataset",
     "aiostream_hf.torch",
+    "aiostream_hf.ray",
     "torch",
+    "ray",
     "httpx2",
     "httpcore2",
     "urllib3",
