@@ -246,7 +246,9 @@ def _sign(request: httpx2.Request, frozen: Any, region: str) -> None:
     from botocore.awsrequest import AWSRequest
 
     headers = {k: v for k, v in request.headers.items() if k.lower() in _SIGNED}
-    aws = AWSRequest(method=request.method, url=str(request.url), headers=headers)
+    url = request.url  # signed as it goes on the wire: "/" for an empty path, query as is
+    wire = f"{url.scheme}://{url.netloc.decode('ascii')}{url.raw_path.decode('ascii')}"
+    aws = AWSRequest(method=request.method, url=wire, headers=headers)
     S3SigV4Auth(frozen, "s3", region).add_auth(aws)
     for name in ("Authorization", "X-Amz-Date", "X-Amz-Content-SHA256", "X-Amz-Security-Token"):
         value = aws.headers.get(name)

@@ -1,8 +1,12 @@
 from __future__ import annotations
 
+import json
 import os
 import socket
 from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -50,3 +54,84 @@ def _no_internet(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 
     monkeypatch.setattr(socket.socket, "connect", guarded)
     return
+
+
+# -- an S3-compatible store: moto's server over loopback, for every test that needs one ------
+
+
+@dataclass
+class S3Store:
+    """moto's S3 server (``aiostream_hf.testing._moto.MotoS3``) with IAM users made for the
+    tests, signatures required. ``admin`` may do anything (the tests put their buckets and
+    objects with it, through boto3); ``reader`` may read every bucket; ``outsider`` may
+    read only buckets named ``elsewhere*``."""
+
+    server: Any
+    admin: dict[str, str]
+    reader: dict[str, str]
+    outsider: dict[str, str]
+
+    @property
+    def endpoint(self) -> str:
+        return str(self.server.endpoint)
+
+    def boto3(self) -> Any:
+        """An admin boto3 S3 client, for putting buckets and objects."""
+        import boto3
+
+        return boto3.client("s3", endpoint_url=self.endpoint, region_name="us-east-1", **self.admin)
+
+    def env(
+        self, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, creds: dict[str, str] | None
+    ) -> None:
+        """AWS variables for this store and ``creds`` (None: no credentials at all); the
+        user's own AWS config, credentials and instance role are out of reach."""
+        for name in list(os.environ):
+            if name.startswith("AWS_"):
+                monkeypatch.delenv(name)
+        monkeypatch.setenv("AWS_ENDPOINT_URL", self.endpoint)
+        monkeypatch.setenv("AWS_REGION", "us-east-1")
+        monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-aws-config"))
+        monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-aws-credentials"))
+        monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+        monkeypatch.setenv("AIOSTREAM_HF_CACHE", str(tmp_path / "aiostream-cache"))
+        if creds is not None:
+            monkeypatch.setenv("AWS_ACCESS_KEY_ID", creds["aws_access_key_id"])
+            monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", creds["aws_secret_access_key"])
+
+
+def _iam_user(iam: Any, name: str, resources: list[str], actions: list[str]) -> dict[str, str]:
+    policy = {
+        "Version": "2012-10-17",
+        "Statement": [{"Effect": "Allow", "Action": actions, "Resource": resources}],
+    }
+    iam.create_user(UserName=name)
+    iam.put_user_policy(UserName=name, PolicyName="p", PolicyDocument=json.dumps(policy))
+    key = iam.create_access_key(UserName=name)["AccessKey"]
+    return {
+        "aws_access_key_id": key["AccessKeyId"],
+        "aws_secret_access_key": key["SecretAccessKey"],
+    }
+
+
+@pytest.fixture(scope="session")
+def s3_store() -> Iterator[S3Store]:
+    import boto3
+
+    from aiostream_hf.testing._moto import MotoS3
+
+    with MotoS3() as server:
+        iam = boto3.client(
+            "iam",
+            endpoint_url=server.endpoint,
+            region_name="us-east-1",
+            aws_access_key_id="bootstrap",
+            aws_secret_access_key="bootstrap",
+        )
+        admin = _iam_user(iam, "admin", ["*"], ["*"])
+        reader = _iam_user(iam, "reader", ["*"], ["s3:GetObject", "s3:ListBucket"])
+        outsider = _iam_user(
+            iam, "outsider", ["arn:aws:s3:::elsewhere*"], ["s3:GetObject", "s3:ListBucket"]
+        )
+        server.require_signatures(True)
+        yield S3Store(server, admin, reader, outsider)
