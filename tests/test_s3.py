@@ -487,3 +487,38 @@ def test_a_state_json_round_trip_of_an_s3_manifest(store: Any) -> None:
     assert s.manifest is not None
     again = ash.Manifest.from_json(json.loads(json.dumps(s.manifest.to_json())))
     assert again == s.manifest
+
+
+# -- the command line -------------------------------------------------------------------------
+
+
+def test_the_cli_lists_and_heads_s3_sources(store: Any) -> None:
+    from click.testing import CliRunner
+
+    from aiostream_hf.cli import main
+
+    runner = CliRunner()
+    listed = runner.invoke(main, ["ls", "s3://data/shards/"])
+    assert listed.exit_code == 0, listed.output
+    assert listed.stdout.startswith("s3://data/shards/\nformat: webdataset\n")
+    assert "train-000000.tar" in listed.stdout
+    assert "jpg" in listed.stdout  # the extensions of the first samples: a shard was read
+    head = runner.invoke(main, ["head", "s3://data/parquet/part-1.parquet", "-n", "2"])
+    assert head.exit_code == 0, head.output
+    assert head.stdout.startswith("[0]\n  id     60\n")
+    robot = runner.invoke(main, ["ls", "s3://data/robot"])
+    assert robot.exit_code == 0, robot.output
+    assert "episodes" in robot.stdout
+    assert "18" in robot.stdout  # frames
+    store.server.require_signatures(False)  # as in test_a_public_bucket_is_read_unsigned
+    try:
+        public = runner.invoke(main, ["head", f"s3://{PUBLIC}/parquet/", "--no-sign-request"])
+        refused = runner.invoke(main, ["head", "s3://data/parquet/", "--no-sign-request"])
+    finally:
+        store.server.require_signatures(True)
+    assert public.exit_code == 0, public.output
+    assert public.stdout.startswith("[0]\n  id     0\n")
+    assert refused.exit_code == 1
+    assert refused.output.startswith("Error: s3://data/parquet/part-0.parquet: access denied")
+    assert "the bucket is not public" in refused.output
+    assert len(refused.output.splitlines()) == 1
