@@ -187,6 +187,9 @@ def _wait_for_eof(done: threading.Event) -> None:
 
 
 if __name__ == "__main__":
+    import logging
+
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)  # no line per request
     cfg = json.loads(sys.argv[1])
     server = _make_server(cfg["host"], cfg["port"], cfg["latency_s"])
     print(json.dumps({"endpoint": f"http://{cfg['host']}:{server.server_port}"}), flush=True)
