@@ -26,8 +26,9 @@ contender runs in a fresh subprocess (this script with ``--worker``), timed from
 after its imports to its last sample; one warm-up round, then ``--rounds`` rounds
 in a rotating order. Requests are counted at the server, by kind (``list``,
 ``get``, ``head``). Prints a table and writes ``benchmarks/results/s3.json``
-(``s3-quick.json`` with --quick). Shards are generated once under
-``benchmarks/.data/`` (git-ignored) and uploaded at each run.
+(``s3-quick.json`` with --quick). The shards are webdataset_bench.py's (8 of ~64 MB,
+3,000 samples of a 512x384 JPEG each), generated once under ``benchmarks/.data/``
+(git-ignored) and uploaded at each run.
 """
 
 from __future__ import annotations
@@ -46,21 +47,16 @@ from pathlib import Path
 from typing import Any
 
 import _harness  # benchmarks/_harness.py: this script's folder is on sys.path
+import webdataset_bench  # the same shards (its data profiles and generator)
 
 _MODULE_START = time.perf_counter()
 HERE = Path(__file__).resolve().parent
 MiB = 1 << 20
 MB = 1e6
 BUCKET = "bench"
-GENERATOR_VERSION = 1
 LATENCY_MS = 20.0
 KINDS = ("list", "get", "head")
 
-PROFILES: dict[str, dict[str, Any]] = {
-    # As webdataset_bench.py: 8 shards of ~64 MB, 3,000 samples of a 512x384 JPEG each.
-    "full": {"shards": 8, "samples_per_shard": 3000, "width": 512, "height": 384},
-    "quick": {"shards": 4, "samples_per_shard": 400, "width": 256, "height": 192},
-}
 CONTENDERS = ["aiostream", "webdataset-pipe-boto3", "webdataset-pipe-aws", "webdataset-local"]
 RATIOS = [  # (numerator, denominator, target)
     ("aiostream", "webdataset-pipe-boto3", ">= 1.0"),
@@ -125,48 +121,9 @@ def _worker(spec: dict[str, Any]) -> dict[str, Any]:
 
 
 # =============================================================================
-# Data: generated once under --data-dir, uploaded to the server at each run.
+# Data: webdataset_bench.py's shards (generated once under --data-dir), uploaded at
+# each run.
 # =============================================================================
-
-
-def _ensure_shards(data_dir: Path, params: dict[str, Any]) -> dict[str, Any]:
-    from aiostream_hf.testing import make_webdataset_shards
-
-    data_dir.mkdir(parents=True, exist_ok=True)
-    ignore = data_dir / ".gitignore"
-    if not ignore.exists():
-        ignore.write_text("# generated benchmark data\n*\n")
-    name = "-".join(f"{k}{v}" for k, v in sorted(params.items()))
-    root = data_dir / f"s3-{name}"
-    stamp_path = root / "stamp.json"
-    wanted = {"generator_version": GENERATOR_VERSION, **params}
-    if stamp_path.exists():
-        stamp = json.loads(stamp_path.read_text())
-        if stamp["params"] == wanted and all(
-            (root / f["path"]).is_file() and (root / f["path"]).stat().st_size == f["size"]
-            for f in stamp["files"]
-        ):
-            return stamp
-    print(f"generating {params['shards']} shards {params} under {root} ...", flush=True)
-    shutil.rmtree(root, ignore_errors=True)
-    paths = make_webdataset_shards(
-        root,
-        shards=params["shards"],
-        samples_per_shard=params["samples_per_shard"],
-        width=params["width"],
-        height=params["height"],
-        seed=7,
-    )
-    files = [{"path": p.name, "size": p.stat().st_size} for p in sorted(paths)]
-    stamp = {
-        "params": wanted,
-        "root": str(root),
-        "files": files,
-        "samples": params["shards"] * params["samples_per_shard"],
-        "bytes": sum(f["size"] for f in files),
-    }
-    stamp_path.write_text(json.dumps(stamp, indent=1))
-    return stamp
 
 
 def _aws_env(endpoint: str, tmp: Path) -> dict[str, str]:
@@ -186,7 +143,7 @@ def _aws_env(endpoint: str, tmp: Path) -> dict[str, str]:
     return env
 
 
-def _upload(endpoint: str, stamp: dict[str, Any], tmp: Path) -> None:
+def _upload(endpoint: str, paths: list[Path], tmp: Path) -> None:
     import boto3
 
     saved = dict(os.environ)
@@ -194,8 +151,8 @@ def _upload(endpoint: str, stamp: dict[str, Any], tmp: Path) -> None:
     try:
         client = boto3.client("s3")
         client.create_bucket(Bucket=BUCKET)
-        for f in stamp["files"]:
-            client.upload_file(str(Path(stamp["root"]) / f["path"]), BUCKET, f["path"])
+        for path in paths:
+            client.upload_file(str(path), BUCKET, path.name)
     finally:
         os.environ.clear()
         os.environ.update(saved)
@@ -366,13 +323,16 @@ def main(argv: list[str] | None = None) -> int:
     contenders = [c for c in CONTENDERS if c != "webdataset-pipe-aws" or shutil.which("aws")]
     started = time.perf_counter()
     environment = _harness.environment(PACKAGES, aws_cli=_aws_cli_version())
-    stamp = _ensure_shards(args.data_dir, PROFILES[profile])
-    names = [f["path"] for f in stamp["files"]]
+    data = webdataset_bench.PROFILES[profile]
+    stamp = webdataset_bench._ensure_shards(args.data_dir, data)
+    repo_dir = Path(stamp["root"]) / "hub" / "datasets" / webdataset_bench.REPO
+    paths = [repo_dir / f["path"] for f in stamp["files"]]
+    names = [p.name for p in paths]
     cat = HERE / "_s3_cat.py"
     spec = {
         "source": f"s3://{BUCKET}/train-{{000000..{len(names) - 1:06d}}}.tar",
         "pipes": [f"pipe:{sys.executable} {cat} s3://{BUCKET}/{n}" for n in names],
-        "local_files": [str(Path(stamp["root"]) / n) for n in names],
+        "local_files": [str(p) for p in paths],
     }
     if "webdataset-pipe-aws" in contenders:
         # As a user with the AWS CLI writes them; it reads the same AWS variables.
@@ -384,7 +344,7 @@ def main(argv: list[str] | None = None) -> int:
         "environment": environment,
         "parameters": {
             "profile": profile,
-            "data": PROFILES[profile],
+            "data": data,
             "shards_bytes": stamp["bytes"],
             "samples": stamp["samples"],
             "rounds": rounds,
@@ -399,7 +359,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     measured: list[dict[str, dict[str, Any]]] = []
     with MotoS3(subprocess=True, latency_ms=LATENCY_MS) as server:
-        _upload(server.endpoint, stamp, log_dir)
+        _upload(server.endpoint, paths, log_dir)
         for i, order in enumerate(_harness.rotations(contenders, rounds + 1)):
             got = {}
             for contender in order:

@@ -81,23 +81,41 @@ class S3Store:
 
         return boto3.client("s3", endpoint_url=self.endpoint, region_name="us-east-1", **self.admin)
 
+    def variables(self, folder: Path, creds: dict[str, str] | None) -> dict[str, str]:
+        """The AWS variables of a shell for this store with ``creds`` (None: without
+        credentials); no AWS config, credentials file or instance role of the user's."""
+        found = {
+            "AWS_ENDPOINT_URL": self.endpoint,
+            "AWS_REGION": "us-east-1",
+            "AWS_CONFIG_FILE": str(folder / "no-aws-config"),
+            "AWS_SHARED_CREDENTIALS_FILE": str(folder / "no-aws-credentials"),
+            "AWS_EC2_METADATA_DISABLED": "true",
+        }
+        if creds is not None:
+            found["AWS_ACCESS_KEY_ID"] = creds["aws_access_key_id"]
+            found["AWS_SECRET_ACCESS_KEY"] = creds["aws_secret_access_key"]
+        return found
+
     def env(
         self, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, creds: dict[str, str] | None
     ) -> None:
-        """AWS variables for this store and ``creds`` (None: no credentials at all); the
-        user's own AWS config, credentials and instance role are out of reach."""
+        """This process's AWS variables set to ``variables`` (and no others), with a
+        fresh resolution cache."""
         for name in list(os.environ):
             if name.startswith("AWS_"):
                 monkeypatch.delenv(name)
-        monkeypatch.setenv("AWS_ENDPOINT_URL", self.endpoint)
-        monkeypatch.setenv("AWS_REGION", "us-east-1")
-        monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-aws-config"))
-        monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-aws-credentials"))
-        monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+        for name, value in self.variables(tmp_path, creds).items():
+            monkeypatch.setenv(name, value)
         monkeypatch.setenv("AIOSTREAM_HF_CACHE", str(tmp_path / "aiostream-cache"))
-        if creds is not None:
-            monkeypatch.setenv("AWS_ACCESS_KEY_ID", creds["aws_access_key_id"])
-            monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", creds["aws_secret_access_key"])
+
+    def put_folder(self, bucket: str, folder: Path, prefix: str = "") -> None:
+        """Every file below ``folder`` as an object of ``bucket`` (made if new), keyed by
+        ``prefix`` and its path relative to ``folder``."""
+        client = self.boto3()
+        if bucket not in {b["Name"] for b in client.list_buckets()["Buckets"]}:
+            client.create_bucket(Bucket=bucket)
+        for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+            client.upload_file(str(path), bucket, prefix + path.relative_to(folder).as_posix())
 
 
 def _iam_user(iam: Any, name: str, resources: list[str], actions: list[str]) -> dict[str, str]:

@@ -197,17 +197,18 @@ def s3_env(s3_store: Any, tmp_path_factory: pytest.TempPathFactory) -> dict[str,
     """Bucket ``my-bucket`` with the objects of docs/object-stores.md, and the variables
     of a shell with the reader's credentials (none of the user's own AWS config)."""
     root = tmp_path_factory.mktemp("s3-docs")
-    make_webdataset_shards(root / "shards", shards=10, samples_per_shard=2, width=16, height=16)
+    data = root / "data"
+    make_webdataset_shards(data / "shards", shards=10, samples_per_shard=2, width=16, height=16)
     for i in range(2):
         make_text_parquet(
-            root / f"text/part-{i}.parquet",
+            data / f"text/part-{i}.parquet",
             rows=20,
             seed=i,
             min_text=20,
             max_text=80,
             start_id=20 * i,
         )
-    make_video(root / "videos/episode_000000.mp4", frames=90, fps=30, width=64, height=48)
+    make_video(data / "videos/episode_000000.mp4", frames=90, fps=30, width=64, height=48)
     robot = make_lerobot_dataset(
         root / "lerobot",
         "lerobot/pusht",
@@ -220,25 +221,9 @@ def s3_env(s3_store: Any, tmp_path_factory: pytest.TempPathFactory) -> dict[str,
         action_dim=2,
         codec="h264",
     )
-    client = s3_store.boto3()
-    client.create_bucket(Bucket="my-bucket")
-    for path in sorted(p for p in root.rglob("*") if p.is_file()):
-        if path.is_relative_to(robot.path):
-            key = "robots/pusht/" + path.relative_to(robot.path).as_posix()
-        elif path.is_relative_to(root / "lerobot"):
-            continue
-        else:
-            key = path.relative_to(root).as_posix()
-        client.upload_file(str(path), "my-bucket", key)
-    return {
-        "AWS_ENDPOINT_URL": s3_store.endpoint,
-        "AWS_REGION": "us-east-1",
-        "AWS_ACCESS_KEY_ID": s3_store.reader["aws_access_key_id"],
-        "AWS_SECRET_ACCESS_KEY": s3_store.reader["aws_secret_access_key"],
-        "AWS_CONFIG_FILE": str(root / "no-aws-config"),
-        "AWS_SHARED_CREDENTIALS_FILE": str(root / "no-aws-credentials"),
-        "AWS_EC2_METADATA_DISABLED": "true",
-    }
+    s3_store.put_folder("my-bucket", root / "data")
+    s3_store.put_folder("my-bucket", robot.path, prefix="robots/pusht/")
+    return s3_store.variables(root, s3_store.reader)
 
 
 def localize(code: str, hub: HubServer) -> str:

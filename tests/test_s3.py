@@ -52,7 +52,7 @@ def local(s3_store: Any, tmp_path_factory: pytest.TempPathFactory) -> Path:
     make_webdataset_shards(root / "shards", shards=3, samples_per_shard=8, width=16, height=16)
     make_video(root / "video/clip.mp4", frames=30, fps=30, width=32, height=24, options={"g": "10"})
     layout = make_lerobot_dataset(
-        root / "lerobot-src",
+        tmp_path_factory.mktemp("s3-lerobot"),
         "org/robot",
         episodes=(8, 10),
         fps=10,
@@ -61,17 +61,12 @@ def local(s3_store: Any, tmp_path_factory: pytest.TempPathFactory) -> Path:
         cameras=("observation.images.top",),
         codec="h264",
     )
+    s3_store.put_folder(BUCKET, root)
+    s3_store.put_folder(BUCKET, layout.path, prefix="robot/")
+    (root / "robot").symlink_to(layout.path)  # the local copy, under the same key
     client = s3_store.boto3()
-    client.create_bucket(Bucket=BUCKET)
-    for path in sorted(p for p in root.rglob("*") if p.is_file()):
-        rel = path.relative_to(root).as_posix()
-        if rel.startswith("lerobot-src/"):
-            rel = "robot/" + path.relative_to(layout.path).as_posix()
-        client.upload_file(str(path), BUCKET, rel)
     # A public bucket: anyone may list it and read its objects.
-    client.create_bucket(Bucket=PUBLIC)
-    for path in sorted((root / "parquet").iterdir()):
-        client.upload_file(str(path), PUBLIC, f"parquet/{path.name}")
+    s3_store.put_folder(PUBLIC, root / "parquet", prefix="parquet/")
     policy = {
         "Version": "2012-10-17",
         "Statement": [
@@ -148,8 +143,7 @@ async def test_a_video_object_gives_the_local_frames(store: Any, local: Path) ->
 
 def test_a_lerobot_folder_gives_the_local_items(store: Any, local: Path) -> None:
     items = list(lerobot.stream("s3://data/robot/"))
-    folder = next((local / "lerobot-src").rglob("meta/info.json")).parent.parent
-    expected = list(lerobot.stream(folder))
+    expected = list(lerobot.stream(local / "robot"))
     assert len(items) == len(expected) == 18
     for a, b in zip(items, expected, strict=True):
         assert a.keys() == b.keys()

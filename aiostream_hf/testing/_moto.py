@@ -21,7 +21,6 @@ benchmarks.
 from __future__ import annotations
 
 import json
-import os
 import subprocess as sp
 import sys
 import threading
@@ -32,6 +31,8 @@ from types import TracebackType
 from typing import Any
 
 import httpx2
+
+from ._hub_server import stop_process, wait_for_eof
 
 __all__ = ["MotoS3"]
 
@@ -136,15 +137,7 @@ class MotoS3:
             self._thread.join(timeout=10)
             self._thread = None
         if self._process is not None:
-            self._process.terminate()
-            try:
-                self._process.wait(timeout=10)
-            except sp.TimeoutExpired:
-                self._process.kill()
-                self._process.wait()
-            for pipe in (self._process.stdin, self._process.stdout):
-                if pipe is not None:
-                    pipe.close()
+            stop_process(self._process)
             self._process = None
 
     def __enter__(self) -> MotoS3:
@@ -176,16 +169,6 @@ class MotoS3:
         response.raise_for_status()
 
 
-def _wait_for_eof(done: threading.Event) -> None:
-    try:
-        while os.read(0, 4096):
-            pass
-    except OSError:
-        pass
-    finally:
-        done.set()
-
-
 if __name__ == "__main__":
     import logging
 
@@ -194,7 +177,7 @@ if __name__ == "__main__":
     server = _make_server(cfg["host"], cfg["port"], cfg["latency_s"])
     print(json.dumps({"endpoint": f"http://{cfg['host']}:{server.server_port}"}), flush=True)
     stop = threading.Event()
-    threading.Thread(target=_wait_for_eof, args=(stop,), daemon=True).start()
+    threading.Thread(target=wait_for_eof, args=(stop,), daemon=True).start()
     threading.Thread(target=server.serve_forever, daemon=True).start()
     import signal
 
