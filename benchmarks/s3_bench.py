@@ -195,39 +195,14 @@ def _run_contender(
         server.reset_stats()
         server_proc = psutil.Process(server.pid)
         server_cpu = _harness.cpu_seconds(server_proc)
-        started = time.perf_counter()
-        with log.open("w") as out:
-            proc = subprocess.Popen(
-                [sys.executable, str(Path(__file__).resolve()), "--worker", json.dumps(spec)],
-                env=_aws_env(server.endpoint, tmp),
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-            )
-            peak_tree = 0
-            try:
-                ps = psutil.Process(proc.pid)
-                while proc.poll() is None:
-                    total = 0
-                    with contextlib.suppress(psutil.NoSuchProcess):
-                        for p in [ps, *ps.children(recursive=True)]:
-                            with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
-                                total += p.memory_info().rss
-                    peak_tree = max(peak_tree, total)
-                    if time.perf_counter() - started > 1800:
-                        proc.kill()
-                        raise RuntimeError(f"{contender} timed out")
-                    time.sleep(0.05)
-            finally:
-                proc.wait()
-        wall = time.perf_counter() - started
+        returncode, wall, peak_tree = _harness.run_worker(
+            Path(__file__).resolve(), spec, _aws_env(server.endpoint, tmp), log
+        )
         server_cpu = _harness.cpu_seconds(server_proc) - server_cpu
         machine_busy = _harness.machine_busy_seconds() - machine_busy
         requests = server.stats()
-        if proc.returncode != 0:
-            raise RuntimeError(
-                f"{contender} exited with {proc.returncode}:\n{log.read_text()[-3000:]}"
-            )
+        if returncode != 0:
+            raise RuntimeError(f"{contender} exited with {returncode}:\n{log.read_text()[-3000:]}")
         result: dict[str, Any] = json.loads(Path(spec["result_path"]).read_text())
         if result["samples"] != stamp["samples"]:
             raise RuntimeError(
