@@ -9,6 +9,7 @@ from the bucket and compared with the same files read from local disk.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,7 @@ import pytest
 
 import aiostream_hf as ash
 from aiostream_hf import _s3, lerobot, video
+from aiostream_hf._fetcher import RangeFetcher
 from aiostream_hf.testing import (
     make_lerobot_dataset,
     make_text_parquet,
@@ -204,6 +206,32 @@ def test_auto_addressing_is_virtual_on_aws_and_path_elsewhere() -> None:
     assert not ctx("http://minio:9000").covers("http://evilminio:9000/b/k")
 
 
+async def test_a_profile_of_the_aws_config_files_names_the_store_and_the_keys(
+    s3_store: Any, local: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    s3_store.env(monkeypatch, tmp_path, None)
+    monkeypatch.delenv("AWS_ENDPOINT_URL")
+    monkeypatch.delenv("AWS_REGION")
+    (tmp_path / "no-aws-config").write_text(
+        f"[profile bench]\nregion = us-east-1\nendpoint_url = {s3_store.endpoint}\n"
+    )
+    creds = s3_store.reader
+    (tmp_path / "no-aws-credentials").write_text(
+        f"[bench]\naws_access_key_id = {creds['aws_access_key_id']}\n"
+        f"aws_secret_access_key = {creds['aws_secret_access_key']}\n"
+    )
+    monkeypatch.setenv("AWS_PROFILE", "bench")
+    rows = await _collect(ash.stream("s3://data/parquet/", columns=["id"]))
+    assert [r["id"] for r in rows] == list(range(120))
+    # AWS_ENDPOINT_URL_S3 wins over AWS_ENDPOINT_URL (here a port nothing listens on).
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", s3_store.endpoint)
+    assert len(await _collect(ash.stream("s3://data/parquet/part-0.parquet"))) == 60
+    monkeypatch.setenv("AWS_PROFILE", "nope")
+    with pytest.raises(ash.SourceError, match="AWS_PROFILE"):
+        await _collect(ash.stream("s3://data/parquet/"))
+
+
 # -- refusals ----------------------------------------------------------------------------
 
 
@@ -265,31 +293,37 @@ async def test_a_missing_key_and_a_missing_bucket(store: Any) -> None:
         await _collect(ash.stream("s3://data/shards/*.parquet"))
 
 
-async def test_an_object_replaced_mid_stream_is_file_changed(
-    store: Any, tmp_path: Path, anyio_backend: str
+@pytest.mark.parametrize("change", ["replaced", "deleted"])
+async def test_an_object_changed_mid_stream_is_file_changed(
+    store: Any, tmp_path: Path, anyio_backend: str, change: str
 ) -> None:
     path = tmp_path / "grouped.parquet"
     table = make_text_parquet(path, rows=200, row_group_size=20, min_text=1000, max_text=3000)
-    key = f"replace/{anyio_backend}.parquet"
+    assert pq.ParquetFile(path).metadata.num_row_groups == 10
+    key = f"{change}/{anyio_backend}.parquet"
     client = store.boto3()
     client.upload_file(str(path), BUCKET, key)
-    listed = pq.ParquetFile(path).metadata.num_row_groups
-    assert listed == 10
+
+    def change_it() -> None:  # same key, other bytes and ETag; or no object at all
+        if change == "replaced":
+            client.put_object(Bucket=BUCKET, Key=key, Body=b"new" * 100)
+        else:
+            client.delete_object(Bucket=BUCKET, Key=key)
+
     ids: list[int] = []
-    s = ash.stream(
-        f"s3://{BUCKET}/{key}", columns=["id"], options=ash.StreamOptions(prefetch_count=1)
-    )
+    options = ash.StreamOptions(prefetch_count=1)
+    s = ash.stream(f"s3://{BUCKET}/{key}", columns=["id"], options=options)
     with pytest.raises(ash.FileChangedError) as info:
         async with s:
             async for row in s:
                 ids.append(row["id"])
-                if len(ids) == 1:  # replace it: same key, other bytes, another ETag
-                    await anyio.to_thread.run_sync(
-                        lambda: client.put_object(Bucket=BUCKET, Key=key, Body=b"new" * 100)
-                    )
+                if len(ids) == 1:
+                    await anyio.to_thread.run_sync(change_it)
     assert ids == table["id"].to_pylist()[: len(ids)]  # the old version's rows, never a mix
     assert len(ids) < 200
-    assert f"s3://{BUCKET}/{key}: the file changed while it was read" in str(info.value)
+    message = str(info.value)
+    assert f"s3://{BUCKET}/{key}: the file changed while it was read" in message
+    assert ("412 to If-Match" if change == "replaced" else "answered 404") in message
 
 
 async def test_a_public_bucket_is_read_unsigned(
@@ -456,6 +490,61 @@ async def test_signing_covers_range_and_if_match_and_only_the_store() -> None:
     elsewhere = httpx2.Request("GET", "http://cdn:9000/b/k")
     await ctx.sign(elsewhere)
     assert "Authorization" not in elsewhere.headers
+
+
+class _CutStream(httpx2.AsyncByteStream):
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+
+    async def __aiter__(self) -> Any:
+        yield self.data
+        raise httpx2.RemoteProtocolError("peer closed connection without sending complete body")
+
+
+async def test_a_cut_body_resumes_with_a_fresh_signature_for_its_new_range(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Each attempt is signed as it is sent: the resume's Range (and If-Range) are in
+    its own signature; If-Match carries the listing's ETag from the first request."""
+    for name in [n for n in os.environ if n.startswith("AWS_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    data = bytes(range(256)) * 40
+    seen: list[httpx2.Request] = []
+
+    async def handler(request: httpx2.Request) -> httpx2.Response:
+        seen.append(request)
+        start = int(request.headers["Range"].removeprefix("bytes=").partition("-")[0])
+        headers = {"ETag": '"abc"', "Content-Range": f"bytes {start}-{len(data) - 1}/{len(data)}"}
+        if len(seen) == 1:
+            return httpx2.Response(206, headers=headers, stream=_CutStream(data[:1000]))
+        return httpx2.Response(206, headers=headers, content=data[start:])
+
+    options = ash.StreamOptions(
+        s3_endpoint_url="http://store.test:9000",
+        s3_credentials={"aws_access_key_id": "AKIDEXAMPLE", "aws_secret_access_key": "secret"},
+        backoff_base=0,
+    )
+    file = ash.FileRef(
+        "http://store.test:9000/bkt/k.tar", "s3://bkt/k.tar", size=len(data), etag="abc"
+    )
+    client = ash.HubClient(transport=httpx2.MockTransport(handler))
+    async with client, RangeFetcher(options, client=client) as fetcher:
+        assert await fetcher.read(file, 0, len(data)) == data
+        stats = fetcher.statistics()
+    assert [r.headers["Range"] for r in seen] == [
+        f"bytes=0-{len(data) - 1}",
+        f"bytes=1000-{len(data) - 1}",
+    ]
+    assert all(r.headers["If-Match"] == '"abc"' for r in seen)
+    assert seen[1].headers["If-Range"] == '"abc"'
+    signed = [r.headers["Authorization"] for r in seen]
+    assert "SignedHeaders=host;if-match;range;" in signed[0]
+    assert "SignedHeaders=host;if-match;if-range;range;" in signed[1]
+    assert signed[0] != signed[1]
+    assert stats.resumes == 1
+    assert stats.requests["resolve"] == 0
 
 
 def test_bad_s3_sources_and_options_fail_before_any_request() -> None:
