@@ -527,9 +527,7 @@ class Resolver:
             ttl=self._options.pin_ttl,
             call=call,
         )
-        files = await anyio.to_thread.run_sync(_s3.select, ctx, objects, sources, _glob_regex)
-        self._counts.resolutions += 1
-        return files
+        return await anyio.to_thread.run_sync(_s3.select, ctx, objects, sources, _glob_regex)
 
     async def _list_s3(
         self, ctx: _s3.S3Context, bucket: str, prefix: str, call: _Call
@@ -547,7 +545,9 @@ class Resolver:
             )
             return answer.body
 
-        return await _s3.list_objects(page, ctx, bucket, prefix)
+        objects = await _s3.list_objects(page, ctx, bucket, prefix)
+        self._counts.resolutions += 1
+        return objects
 
     # -- Hub repos ----------------------------------------------------------------------
 

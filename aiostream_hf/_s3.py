@@ -215,8 +215,9 @@ class S3Context:
     def covers(self, url: str) -> bool:
         """Whether ``url`` is on this endpoint (or a bucket's virtual host below it)."""
         scheme, host, port = origin(url)
-        _, own, own_port = self._origin
-        return (scheme, port) == self._origin[::2] and (host == own or host.endswith("." + own))
+        own_scheme, own, own_port = self._origin
+        same_host = host == own or host.endswith("." + own)
+        return (scheme, port) == (own_scheme, own_port) and same_host
 
     # -- signing ---------------------------------------------------------------------------
 
@@ -231,8 +232,16 @@ class S3Context:
         _sign(request, frozen, self.region)
 
     def _refresh(self) -> Any:
+        import botocore.exceptions
+
         with self._lock:
-            self._frozen = self._credentials.get_frozen_credentials()
+            try:
+                self._frozen = self._credentials.get_frozen_credentials()
+            except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as exc:
+                raise AccessDeniedError(
+                    f"{self.endpoint}: the AWS credentials expired and cannot be refreshed "
+                    f"({exc}): {_WAY_IN}"
+                ) from exc
             return self._frozen
 
 
@@ -336,7 +345,7 @@ def _make_context(key: str, options: StreamOptions, what: str) -> S3Context:
         raise SourceError(
             f"{what}: {exc}: set AWS_PROFILE to a profile of the AWS config files, or unset it"
         ) from None
-    except botocore.exceptions.BotoCoreError as exc:
+    except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as exc:
         raise AccessDeniedError(f"{what}: the AWS credentials cannot be loaded: {exc}") from exc
     with _CONTEXTS_LOCK:
         _CONTEXTS[key] = made
