@@ -186,7 +186,7 @@ def _ensure_shards(data_dir: Path, params: dict[str, Any]) -> dict[str, Any]:
             (repo_dir / f["path"]).is_file() and (repo_dir / f["path"]).stat().st_size == f["size"]
             for f in stamp["files"]
         ):
-            return stamp
+            return {**stamp, "root": str(root)}  # where it is now (the folder may have moved)
     print(f"generating {params['shards']} shards {params} under {root} ...", flush=True)
     started = time.perf_counter()
     shutil.rmtree(root, ignore_errors=True)
