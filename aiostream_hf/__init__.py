@@ -27,6 +27,9 @@ from ._exceptions import SourceError as SourceError
 from ._exceptions import SplitNotFoundError as SplitNotFoundError
 from ._exceptions import UnreachableError as UnreachableError
 from ._exceptions import UsageError as UsageError
+from ._mix import Mix as Mix
+from ._mix import MixStatistics as MixStatistics
+from ._mix import mix as mix
 from ._models import FileRef as FileRef
 from ._models import Manifest as Manifest
 from ._options import StreamOptions as StreamOptions
@@ -50,6 +53,8 @@ __all__ = [
     "HubClient",
     "HubServerError",
     "Manifest",
+    "Mix",
+    "MixStatistics",
     "RangeMismatchError",
     "RateLimitedError",
     "RepoNotFoundError",
@@ -65,6 +70,7 @@ __all__ = [
     "UsageError",
     "__version__",
     "lerobot",
+    "mix",
     "stream",
     "video",
     "webdataset",

@@ -60,7 +60,8 @@ T = TypeVar("T")
 _E = TypeVar("_E", bound="Engine[Any]")
 
 _DEFAULT_SHUFFLE_BUFFER = 1000
-_KIND_NAMES = {None: "Parquet or TAR", "lerobot": "LeRobot"}  # a state's "kind", in messages
+# a state's "kind", in messages
+_KIND_NAMES = {None: "Parquet or TAR", "lerobot": "LeRobot", "mix": "mixture"}
 _CHANNEL_UNITS = 1  # loaded units between the producer and the consumer, past the readahead
 
 
@@ -293,6 +294,7 @@ class Engine(ABC, Generic[T]):
         self._first_sample: float | None = None
         self._readers: Readers | None = None
         self._prefetch: Any = None  # the readahead of the running iteration
+        self._left = 0  # samples of the unit being taken still to come (see _holds_more)
 
     # -- what a stream says ---------------------------------------------------------------
 
@@ -308,9 +310,32 @@ class Engine(ABC, Generic[T]):
     def _shape_unit(self, loaded: T) -> Iterator[Any]:
         """The samples of one loaded unit; the cursor moves as each one is taken."""
 
+    @abstractmethod
+    def statistics(self) -> EngineStatistics:
+        """What this stream did so far (a frozen record)."""
+
+    @abstractmethod
+    def state_dict(self) -> dict[str, Any]:
+        """The exact position of this stream, as of the samples delivered (JSON-able)."""
+
+    @abstractmethod
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Continue, on the next iteration, exactly where ``state`` was taken."""
+
     def _shape_end(self) -> Iterator[Any]:
         """What is held when the units end (a last batch, a shuffle buffer)."""
         return iter(())
+
+    def _holds_more(self) -> bool:
+        """True when the running iteration holds at least one more sample to give (one of
+        the unit being taken, ``_left``, which ``_shape_unit`` keeps), so that a
+        mixture knows this stream has not ended without reading ahead of it. False
+        when it cannot tell without reading."""
+        return self._left > 0
+
+    def _sample_shape(self) -> str | None:
+        """None when each sample is one dict; else what one is (for a mixture's message)."""
+        return None
 
     # -- reading --------------------------------------------------------------------------
 
@@ -416,6 +441,7 @@ class Engine(ABC, Generic[T]):
         self._check_open()
         begun = self._begin()
         self._started = time.monotonic()
+        self._left = 0
         it: SyncIterator[T] = SyncIterator(lambda: self._loaded_units(begun), buffer=2)
         self._sync_iterators.append(it)
         try:
@@ -498,7 +524,11 @@ class _Iteration(Generic[T]):
                 self._started = True
                 begun = engine._begin()
                 engine._started = time.monotonic()
-                self._scope = await self._tg.start(self._produce, begun)
+                engine._left = 0
+                # Shielded: the producer reports its scope at once, before any wait; a
+                # cancellation here would cancel it and end the iteration with nothing.
+                with anyio.CancelScope(shield=True):
+                    self._scope = await self._tg.start(self._produce, begun)
             try:
                 item = await self._receive.receive()
             except anyio.EndOfStream:

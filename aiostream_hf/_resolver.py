@@ -127,8 +127,10 @@ __all__ = [
     "MAX_TREE_PAGES",
     "MAX_YAML_NODES",
     "DataFiles",
+    "RESOLVE_KEYS",
     "Resolver",
     "ResolverStatistics",
+    "resolve_for_workers",
 ]
 
 logger = logging.getLogger("aiostream_hf.resolver")
@@ -2062,3 +2064,32 @@ def _select(
 
 def _join(base: str, pattern: str) -> str:
     return f"{base}/{pattern}" if base else pattern
+
+
+#: The ``stream()`` arguments that resolution takes (the rest are the reading's).
+RESOLVE_KEYS = ("config", "split", "data_files", "token", "endpoint")
+
+
+def resolve_for_workers(
+    source: Any, stream_kwargs: Mapping[str, Any]
+) -> tuple[Manifest, dict[str, Any]]:
+    """How a torch Dataset or a Ray datasource resolves once, in the process that builds
+    it, for the workers or tasks that read: ``source`` resolved with the resolution
+    arguments of ``stream_kwargs`` (through the sync bridge; a ``Manifest`` is kept as it
+    is), and the arguments a worker's ``stream(manifest, ...)`` takes (the rest, with the
+    token and endpoint, which the reads need too)."""
+    from ._bridge import portal
+
+    read_kwargs = {k: v for k, v in stream_kwargs.items() if k not in RESOLVE_KEYS}
+    read_kwargs["token"] = stream_kwargs.get("token")
+    read_kwargs["endpoint"] = stream_kwargs.get("endpoint")
+    if isinstance(source, Manifest):
+        return source, read_kwargs
+    options = stream_kwargs.get("options") or StreamOptions()
+    resolve_kwargs = {k: stream_kwargs[k] for k in RESOLVE_KEYS if k in stream_kwargs}
+    return portal().call(_resolve_once, source, options, resolve_kwargs), read_kwargs
+
+
+async def _resolve_once(source: Any, options: StreamOptions, kwargs: Mapping[str, Any]) -> Manifest:
+    async with Resolver(options=options) as resolver:
+        return await resolver.resolve(source, **kwargs)

@@ -548,6 +548,7 @@ class Stream(Engine["tuple[_Tag, Any]"]):
             self._advance(tag, 0, True)
         for i, row in enumerate(_rows(payload, partial(self._unit_name, tag))):
             self._advance(tag, i + 1, i == last)
+            self._left = last - i
             if shuffle is not None:
                 out = shuffle.push(row)
                 if out is None:
@@ -555,6 +556,18 @@ class Stream(Engine["tuple[_Tag, Any]"]):
                 row = out
             self._samples += 1
             yield self._emit(row)
+
+    def _holds_more(self) -> bool:
+        """Rows of the unit being taken still to come, or samples in the shuffle buffer
+        (which all come out, at the latest when it drains)."""
+        return self._left > 0 or (self._shuffle is not None and len(self._shuffle) > 0)
+
+    def _sample_shape(self) -> str | None:
+        if self._batch_size is not None:
+            return f"batches (batch_size={self._batch_size})"
+        if self._output != "python":
+            return f"Arrow record batches (output={self._output!r})"
+        return None
 
     def _shape_end(self) -> Iterator[Any]:
         """What is held when the units end: a last partial batch, the shuffle buffer."""

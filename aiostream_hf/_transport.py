@@ -1,4 +1,7 @@
-"""The fetcher's HTTP transport: TLS is set up on the first https request, not before.
+"""The client's HTTP transport: range GETs on threads, TLS set up on first use.
+
+Byte-range GETs (the fetcher's reads) go to ``ThreadedRangeTransport`` (urllib3 in
+worker threads, ``_ranged``); every other request to httpx2's own pool, one per scheme.
 
 A TLS context that verifies certificates reads the CA bundle when it is made
 (~20 ms, in the event loop). A process that reads over plain HTTP (a local
@@ -13,6 +16,8 @@ import ssl
 
 import httpx2
 
+from ._ranged import ThreadedRangeTransport
+
 __all__ = ["SchemeTransport", "tls_context"]
 
 
@@ -23,7 +28,8 @@ def tls_context() -> ssl.SSLContext:
 
 
 class SchemeTransport(httpx2.AsyncBaseTransport):
-    """One connection pool per scheme, each made on its scheme's first request.
+    """Range GETs to the threaded transport; the rest to one pool per scheme, each made
+    on its scheme's first request.
 
     ``limits`` applies to each pool; the fetcher's own limiter bounds the total.
     """
@@ -31,6 +37,7 @@ class SchemeTransport(httpx2.AsyncBaseTransport):
     def __init__(self, limits: httpx2.Limits) -> None:
         self._limits = limits
         self._pools: dict[str, httpx2.AsyncHTTPTransport] = {}
+        self._ranges = ThreadedRangeTransport(limits.max_connections or 16, tls_context)
         self._closed = False
 
     def _pool(self, scheme: str) -> httpx2.AsyncHTTPTransport:
@@ -45,10 +52,17 @@ class SchemeTransport(httpx2.AsyncBaseTransport):
         return pool
 
     async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
+        if self._ranges.handles(request):
+            if self._closed:
+                raise RuntimeError("this transport is closed")
+            return await self._ranges.handle_async_request(request)
         return await self._pool(request.url.scheme).handle_async_request(request)
 
     async def aclose(self) -> None:
         self._closed = True
         pools, self._pools = list(self._pools.values()), {}
-        for pool in pools:
-            await pool.aclose()
+        try:
+            for pool in pools:
+                await pool.aclose()
+        finally:
+            await self._ranges.aclose()

@@ -554,6 +554,7 @@ class LeRobotStream(Engine["_Batch"]):
         last = len(batch.items) - 1
         for i, item in enumerate(batch.items):
             self._position = (batch.end, 0) if i == last else (batch.start, batch.first + i + 1)
+            self._left = last - i
             yield self._emit(item)
 
     def _emit(self, item: Any) -> Any:

@@ -6,6 +6,8 @@
     robot = ash.torch.LeRobotStreamDataset("hf://datasets/lerobot/pusht",
                                            delta_timestamps={"action": [0.0, 0.1]})
 
+    both = ash.torch.MixDataset([ds, robot], [0.8, 0.2], stop="all_exhausted")
+
 A dataset resolves its source once, in the process that builds it, and
 pickles what workers need (the ``Manifest``, or the LeRobot metadata) to
 DataLoader workers: workers make no API request. Work is split across rank x
@@ -13,14 +15,15 @@ worker: files (row groups when there are fewer files than consumers), or
 LeRobot episodes (items when there are fewer episodes than consumers).
 ``state_dict()``/``load_state_dict()`` follow torchdata's Stateful protocol,
 so ``StatefulDataLoader`` checkpoints each worker's exact position.
-``set_epoch(n)`` reaches persistent workers through shared memory.
+``set_epoch(n)`` reaches persistent workers through shared memory. ``MixDataset``
+mixes such datasets by weight: each consumer mixes its own share of every member.
 """
 
 from __future__ import annotations
 
 import abc
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any, Protocol
 
 import torch
@@ -29,13 +32,10 @@ import torch.utils.data
 
 from . import _bridge, _ranks, _resolver, lerobot
 from ._exceptions import SourceError
-from ._models import Manifest
-from ._options import StreamOptions
+from ._mix import Mix, Stop
 from ._stream import stream
 
-__all__ = ["LeRobotStreamDataset", "StreamDataset", "distributed_rank"]
-
-_RESOLVE_KEYS = ("config", "split", "data_files", "token", "endpoint")
+__all__ = ["LeRobotStreamDataset", "MixDataset", "StreamDataset", "distributed_rank"]
 
 
 def distributed_rank() -> tuple[int, int]:
@@ -121,15 +121,7 @@ class StreamDataset(_StreamIterable):
     def __init__(self, source: Any, **stream_kwargs: Any) -> None:
         _no_rank("StreamDataset", stream_kwargs)
         super().__init__()
-        options = stream_kwargs.get("options") or StreamOptions()
-        resolve_kwargs = {k: stream_kwargs[k] for k in _RESOLVE_KEYS if k in stream_kwargs}
-        if isinstance(source, Manifest):
-            self.manifest = source
-        else:
-            self.manifest = _bridge.portal().call(_resolve, source, options, resolve_kwargs)
-        self._stream_kwargs = {k: v for k, v in stream_kwargs.items() if k not in _RESOLVE_KEYS}
-        self._stream_kwargs["token"] = stream_kwargs.get("token")
-        self._stream_kwargs["endpoint"] = stream_kwargs.get("endpoint")
+        self.manifest, self._stream_kwargs = _resolver.resolve_for_workers(source, stream_kwargs)
 
     def _open(self, consumer: int, consumers: int) -> _Resumable:
         return stream(self.manifest, rank=consumer, world_size=consumers, **self._stream_kwargs)
@@ -161,6 +153,56 @@ class LeRobotStreamDataset(_StreamIterable):
         )
 
 
-async def _resolve(source: Any, options: StreamOptions, kwargs: dict[str, Any]) -> Manifest:
-    async with _resolver.Resolver(options=options) as resolver:
-        return await resolver.resolve(source, **kwargs)
+class MixDataset(_StreamIterable):
+    """A torch IterableDataset mixing datasets by weight: ``mix()`` in every consumer.
+
+        web = StreamDataset("hf://datasets/org/web", split="train")
+        code = StreamDataset("hf://datasets/org/code", split="train")
+        ds = MixDataset([web, code], [0.7, 0.3], seed=0, stop="all_exhausted")
+
+    ``datasets`` are ``StreamDataset`` and ``LeRobotStreamDataset`` (or ``MixDataset``)
+    objects: each resolved its source (or read its metadata) once, here, when it was
+    made, so workers make no API request. Each consumer (rank x DataLoader worker) opens
+    its share of every member, as the member alone would, and mixes them with draws of
+    its own (from seed, epoch and its number). With ``stop="all_exhausted"`` the
+    consumers together deliver every sample of every member exactly once; with
+    ``"first_exhausted"`` each consumer stops at the end of the first of its shares to
+    end. ``state_dict()``/``load_state_dict()`` (torchdata's Stateful protocol) hold each
+    consumer's draws and every member's position; ``set_epoch(n)`` reaches every member.
+    """
+
+    def __init__(
+        self,
+        datasets: Sequence[_StreamIterable],
+        weights: Sequence[float] | None = None,
+        *,
+        seed: int = 0,
+        stop: Stop = "first_exhausted",
+    ) -> None:
+        super().__init__()
+        if not isinstance(datasets, Sequence) or isinstance(datasets, (str, bytes)):
+            raise SourceError(
+                f"datasets is a {type(datasets).__name__}: give a list of StreamDataset or "
+                "LeRobotStreamDataset objects"
+            )
+        for i, d in enumerate(datasets):
+            if not isinstance(d, _StreamIterable):
+                raise SourceError(
+                    f"datasets[{i}] is a {type(d).__name__}, not a StreamDataset or "
+                    "LeRobotStreamDataset: make one per source, then mix them"
+                )
+        self._members = list(datasets)
+        self._weights = weights
+        self._seed = seed
+        self._stop: Stop = stop
+        self._open(0, 1)  # bad weights, stop, seed or members fail here, in the parent
+
+    def _open(self, consumer: int, consumers: int) -> Mix:
+        return Mix(
+            [d._open(consumer, consumers) for d in self._members],
+            self._weights,
+            seed=self._seed,
+            stop=self._stop,
+            consumer=consumer if consumers > 1 else None,
+            what="datasets",
+        )

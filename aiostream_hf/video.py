@@ -6,10 +6,11 @@
         frames = await reader.frames_at([0.0, 0.5, 1.0])   # Frames(data T x H x W x 3, pts)
 
 Opening reads the MP4 index (``moov``) in one round trip when it lies at either
-end of the file: the head and the tail are read at once (without a known size,
-the tail is a suffix read that tells it); when ``moov`` is in neither, the box
+end of a file of known size: the head and the tail are read at once. Without a
+known size, the tail is read first, alone (a suffix read, which tells the size),
+and the head only if the tail does not hold it. When ``moov`` is in neither, the box
 sizes lead straight to it (``_mp4``). A file no larger than those first reads is
-read whole in that one request and kept: its frames need no more requests.
+read whole and kept: no byte is fetched twice, and its frames need no more requests.
 ``frames_at`` then maps every timestamp to the frame on screen at that time (or, with
 ``tolerance_s``, to the nearest frame), each frame to the keyframe it is decoded from,
 and fetches the bytes of those samples in ONE round trip: every group of nearby GOPs at once,
@@ -63,7 +64,6 @@ from av.video.frame import VideoFrame
 from ._exceptions import (
     ClosedResourceError,
     DecodeError,
-    FetchError,
     FrameTimestampError,
     SourceError,
 )
@@ -715,11 +715,12 @@ def _tail_size(size: int | None) -> int:
 
 
 async def _read_ends(file: FileRef, source: ByteSource, stats: dict[str, Any]) -> _Reads:
-    """The head and the tail of the file, read at once: one round trip.
+    """The head and the tail of the file: one round trip when its size is known.
 
-    Without the size, the tail is a suffix read (its answer tells the size) and the head
-    a plain read sent with it; when the file turns out shorter than the head read, that
-    read may fail, and the tail holds the whole file.
+    Without the size, the tail is read first, alone: a suffix read, whose answer tells
+    the size. A file no longer than that read is then held whole, fetched once; only a
+    longer one needs its head, in a second round trip. (Sending both at once saves that
+    round trip but fetches a small file twice.)
     """
     size = file.size
     if size is not None:
@@ -739,42 +740,12 @@ async def _read_ends(file: FileRef, source: ByteSource, stats: dict[str, Any]) -
             reads.add(start, data)
         return reads
 
-    tail: list[tuple[bytes, int]] = []
-    head: list[bytes] = []
-    head_failure: list[FetchError] = []
-    tail_failure: list[Exception] = []
-
-    async def read_tail(*, task_status: anyio.abc.TaskStatus[None]) -> None:
-        task_status.started()
-        try:
-            tail.append(await source.read_tail(file, TAIL_READ_SIZE))
-        except Exception as exc:  # re-raised below, as it was raised
-            tail_failure.append(exc)
-            tg.cancel_scope.cancel()  # the head is no use alone
-
-    async def read_head() -> None:
-        try:
-            head.append((await source.read_ranges(file, [(0, HEAD_READ_SIZE)]))[0])
-        except FetchError as exc:  # a file shorter than the head read: the tail has it all
-            head_failure.append(exc)
-
-    async with anyio.create_task_group() as tg:
-        await tg.start(read_tail)  # asked for first, on every backend: it holds the index
-        tg.start_soon(read_head)
-    if tail_failure:
-        raise tail_failure[0]
-    data, size = tail[0]
+    data, size = await source.read_tail(file, TAIL_READ_SIZE)
     _count_index_read(stats, data)
     if size == 0:
         raise DecodeError(f"{file.path} is not a video file: it is empty")
     reads = _Reads(file, source, size, stats)
     reads.add(size - len(data), data)
-    if head:
-        _count_index_read(stats, head[0])
-        if len(head[0]) == min(size, HEAD_READ_SIZE):
-            reads.add(0, head[0])
-    elif len(data) < size:  # the head read failed, and it was needed
-        raise head_failure[0]
     return reads
 
 

@@ -52,21 +52,37 @@ MB = 1e6
 
 TEXT_CONTENDERS = [
     "aiostream-arrow",
+    "aiostream-arrow-sync",  # the sync bridge (`for batch in stream`)
     "pyarrow-local",
+    "pyarrow-read-table",
+    "pyarrow-dataset",
+    "raw-gets",
     "hffs-pyarrow",
     "aiostream-rows",
     "datasets-default",
     "datasets-tuned",
-    "aiostream-rows-sync",  # for reference: the sync bridge (`for row in stream`)
+    "aiostream-rows-sync",  # the sync bridge (`for row in stream`)
 ]
 IMAGE_CONTENDERS = ["aiostream-rows", "datasets-default", "datasets-tuned"]
+# The local-disk limit is the fastest of these, per round: the ways a user reads
+# the same files from local disk with pyarrow (file by file streaming, whole files
+# with Arrow's threads, and a dataset scan).
+LOCAL_CONTENDERS = ("pyarrow-local", "pyarrow-read-table", "pyarrow-dataset")
+FASTEST_LOCAL = "fastest-local"
 RATIOS = [  # (workload, numerator, denominator, target)
+    ("text", "aiostream-arrow", FASTEST_LOCAL, 0.8),
     ("text", "aiostream-arrow", "pyarrow-local", 0.8),
     ("text", "aiostream-rows", "datasets-default", 2.0),
     ("text", "aiostream-rows", "datasets-tuned", 2.0),
+    ("text", "aiostream-rows-sync", "aiostream-rows", 0.9),
+    ("text", "aiostream-arrow-sync", "aiostream-arrow", 0.9),
     ("image", "aiostream-rows", "datasets-default", 2.0),
     ("image", "aiostream-rows", "datasets-tuned", 2.0),
 ]
+#: raw-gets: the same bytes fetched with plain parallel range GETs (httpx2, this many in
+#: flight, ranges of RAW_GET_RANGE bytes), decoded by nobody: the network's ceiling.
+RAW_GETS_IN_FLIGHT = 8
+RAW_GET_RANGE = 8 * MiB
 BUCKETS = ("api", "resolvers", "pages", "cdn")
 RSS_CONTENDERS = ["aiostream-rows", "aiostream-arrow"]
 RSS_PREFETCH_BYTES = 256 * MiB
@@ -119,7 +135,7 @@ def _worker(spec: dict[str, Any]) -> dict[str, Any]:
 
         import aiostream_hf as ash
 
-        arrow = contender == "aiostream-arrow"
+        arrow = contender in ("aiostream-arrow", "aiostream-arrow-sync")
         options = ash.StreamOptions(cache_dir=Path(spec["cache_dir"]), **spec.get("options", {}))
         t0 = time.perf_counter()
 
@@ -129,15 +145,19 @@ def _worker(spec: dict[str, Any]) -> dict[str, Any]:
             s = ash.stream(
                 f"hf://datasets/{spec['repo']}",
                 split="train",
+                output="arrow" if arrow else "python",
                 options=options,
                 endpoint=spec["endpoint"],
             )
             with s:
-                for row in s:
+                for item in s:
                     if ttf is None:
                         ttf = time.perf_counter() - t0
-                    n += 1
-                    t += touch(row)
+                    if arrow:
+                        n += item.num_rows
+                    else:
+                        n += 1
+                        t += touch(item)
                 return n, t, ttf, s.statistics()
 
         async def run() -> tuple[int, int, float | None, Any]:
@@ -164,7 +184,7 @@ def _worker(spec: dict[str, Any]) -> dict[str, Any]:
                         t += touch(row)
                 return n, t, ttf, s.statistics()
 
-        if contender == "aiostream-rows-sync":
+        if contender.endswith("-sync"):
             rows, touched, first, st = sync_run()
         else:
             rows, touched, first, st = asyncio.run(run())
@@ -188,6 +208,75 @@ def _worker(spec: dict[str, Any]) -> dict[str, Any]:
                     first = time.perf_counter() - t0
                 rows += batch.num_rows
         elapsed = time.perf_counter() - t0
+
+    elif contender == "pyarrow-read-table":
+        import pyarrow.parquet as pq
+
+        t0 = time.perf_counter()
+        for path in spec["local_files"]:
+            table = pq.read_table(path)  # whole file, decoded on Arrow's threads
+            if first is None:
+                first = time.perf_counter() - t0
+            rows += table.num_rows
+            del table
+        elapsed = time.perf_counter() - t0
+
+    elif contender == "pyarrow-dataset":
+        import pyarrow.dataset as pads
+
+        t0 = time.perf_counter()
+        for batch in pads.dataset(spec["local_files"], format="parquet").to_batches():
+            if first is None:
+                first = time.perf_counter() - t0
+            rows += batch.num_rows
+        elapsed = time.perf_counter() - t0
+
+    elif contender == "raw-gets":
+        import asyncio
+
+        import httpx2
+
+        # The network ceiling: the repo's bytes over the same server and latency, by
+        # plain parallel range GETs (the CDN URL of each file learned once), no decode.
+        async def fetch_all() -> tuple[int, float | None]:
+            got = 0
+            ttf: float | None = None
+            limits = httpx2.Limits(max_connections=RAW_GETS_IN_FLIGHT)
+            async with httpx2.AsyncClient(limits=limits, timeout=60) as client:
+                base = f"{spec['endpoint']}/datasets/{spec['repo']}/resolve/main/"
+                heads = await asyncio.gather(
+                    *(client.head(base + p, follow_redirects=True) for p in spec["paths"])
+                )
+                urls = [str(h.url) for h in heads]
+                sizes = [int(h.headers["content-length"]) for h in heads]
+                gate = asyncio.Semaphore(RAW_GETS_IN_FLIGHT)
+
+                async def one(url: str, start: int, end: int) -> None:
+                    nonlocal got, ttf
+                    async with gate:
+                        headers = {"Range": f"bytes={start}-{end - 1}"}
+                        r = await client.get(url, headers=headers)
+                        r.raise_for_status()
+                        n = len(r.content)
+                    if ttf is None:
+                        ttf = time.perf_counter() - t0
+                    got += n
+
+                await asyncio.gather(
+                    *(
+                        one(url, start, min(size, start + RAW_GET_RANGE))
+                        for url, size in zip(urls, sizes, strict=True)
+                        for start in range(0, size, RAW_GET_RANGE)
+                    )
+                )
+                if got != sum(sizes):
+                    raise SystemExit(f"raw-gets received {got} bytes of {sum(sizes)}")
+            return got, ttf
+
+        t0 = time.perf_counter()
+        _, first = asyncio.run(fetch_all())
+        elapsed = time.perf_counter() - t0
+        rows = spec["rows"]  # no decode: rows/s is the rows those bytes hold, per second
 
     elif contender == "hffs-pyarrow":
         import pyarrow.parquet as pq
@@ -356,6 +445,8 @@ def _run_contender(
             "endpoint": hub.endpoint,
             "cache_dir": str(tmp / "aiostream-cache"),
             "local_files": [str(repo_root / f["path"]) for f in stamp["files"]],
+            "paths": [f["path"] for f in stamp["files"]],
+            "rows": stamp["rows"],
             "options": options or {},
             "result_path": str(tmp / "result.json"),
         }
@@ -516,12 +607,25 @@ def _summarize(
     return out
 
 
+def _locals(round_: dict[str, dict[str, Any]]) -> list[float]:
+    return [round_[c]["rows_per_s"] for c in LOCAL_CONTENDERS if c in round_]
+
+
+def _denominator(round_: dict[str, dict[str, Any]], den: str) -> float:
+    """rows/s of ``den`` in this round; for FASTEST_LOCAL, the fastest local way's."""
+    if den == FASTEST_LOCAL:
+        return max(_locals(round_))
+    return float(round_[den]["rows_per_s"])
+
+
 def _ratios(rounds_by_workload: dict[str, list[dict[str, dict[str, Any]]]]) -> list[dict[str, Any]]:
     out = []
     for workload, num, den, target in RATIOS:
         rounds = rounds_by_workload.get(workload, [])
         per_round = [
-            r[num]["rows_per_s"] / r[den]["rows_per_s"] for r in rounds if num in r and den in r
+            r[num]["rows_per_s"] / _denominator(r, den)
+            for r in rounds
+            if num in r and (den in r or (den == FASTEST_LOCAL and _locals(r)))
         ]
         if not per_round:
             continue

@@ -31,6 +31,7 @@ SCRIPTS = {
     "webdataset": "benchmarks/webdataset_bench.py",
     "video": "benchmarks/video_bench.py",
     "startup": "benchmarks/startup_bench.py",
+    "ray": "benchmarks/ray_bench.py",
     "s3": "benchmarks/s3_bench.py",
 }
 DEFAULT_DOCS = ROOT / "docs" / "benchmarks.md"

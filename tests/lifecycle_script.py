@@ -59,15 +59,8 @@ def tasks(backend: str) -> int:
     return len(asyncio.all_tasks())
 
 
-async def main(
-    backend: str, endpoint: str, repo: str, robot_repo: str, cache: str
-) -> dict[str, Any]:
-    options = ash.StreamOptions(cache_dir=cache, prefetch_count=4)
-
-    def make() -> ash.Stream:
-        return ash.stream(f"hf://datasets/{repo}", endpoint=endpoint, options=options)
-
-    before = {"threads": threads(), "tasks": tasks(backend), "sockets": sockets(), "fds": fds()}
+async def leave_every_way(make: Any) -> dict[str, Any]:
+    """Exits 1-6 of the streams (or mixtures) ``make()`` gives; what each one left."""
     outcomes: dict[str, Any] = {}
 
     # 1. A bare `async for` fails at once, naming the fix.
@@ -120,6 +113,19 @@ async def main(
         del it
         gc.collect()
         outcomes["after_gc"] = sum([1 async for _ in s])
+    return outcomes
+
+
+async def main(
+    backend: str, endpoint: str, repo: str, robot_repo: str, cache: str
+) -> dict[str, Any]:
+    options = ash.StreamOptions(cache_dir=cache, prefetch_count=4)
+
+    def make() -> ash.Stream:
+        return ash.stream(f"hf://datasets/{repo}", endpoint=endpoint, options=options)
+
+    before = {"threads": threads(), "tasks": tasks(backend), "sockets": sockets(), "fds": fds()}
+    outcomes = await leave_every_way(make)
 
     # 7. The same for a LeRobot stream: the same engine.
     def robot() -> Any:
@@ -145,6 +151,13 @@ async def main(
         tg.start_soon(anyio.sleep, 0.05)
         tg.start_soon(consume_robot)
     outcomes["lerobot_task_group"] = "ok"
+
+    # 8. Exits 1-6 of a mixture of two streams (it enters the members' `async with`).
+    def mixture() -> ash.Mix:
+        return ash.mix([make(), make()], [0.5, 0.5], stop="all_exhausted")
+
+    mixed = await leave_every_way(mixture)
+    outcomes.update({f"mix_{key}": value for key, value in mixed.items()})
 
     gc.collect()
     await anyio.sleep(0.1)  # let closed sockets' transports finish on asyncio

@@ -289,6 +289,7 @@ def run_snippet(
         HF_HOME=str(cwd / "hf-home"),
         XDG_CACHE_HOME=str(cwd / "xdg-cache"),
         AIOSTREAM_HF_CACHE=str(cwd / "aiostream-cache"),
+        RAY_USAGE_STATS_ENABLED="0",  # docs/ray.md's snippets start a local Ray cluster
     )
     return subprocess.run(
         [sys.executable, "-c", _RUNNER, str(script)],

@@ -174,7 +174,8 @@ def test_readme_has_exactly_two_setup_commands() -> None:
     demo, tests = commands
     assert demo.endswith(".venv/bin/aiostream-hf demo")
     assert "'.[server]'" in demo  # the demo serves its datasets from the local Hub server
-    assert tests.endswith(".venv/bin/python -m pytest")
+    # two processes: the suite fits the 10-minute budget on 2 cores
+    assert tests.endswith(".venv/bin/python -m pytest -n 2")
     # .ci/run runs the first indented line under "## Run the tests": the test command.
     section = readme().split("## Run the tests", 1)[1]
     first = next(line for line in section.splitlines() if line.startswith("    "))

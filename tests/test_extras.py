@@ -198,6 +198,29 @@ def test_image_decode_without_its_library_fails_when_the_stream_is_made(
     assert proc.stdout.splitlines() == [*expected, "bytes and handlers: fine"]
 
 
+# -- without the ray extra ------------------------------------------------------------------
+
+WITHOUT_RAY = """
+import sys
+import aiostream_hf, aiostream_hf.lerobot
+print("ray" in sys.modules)  # the package never imports Ray on its own
+sys.modules["ray"] = None  # as if the ray extra were not installed
+try:
+    import aiostream_hf.ray
+except ImportError as exc:
+    print(exc)
+"""
+
+
+def test_without_ray_the_package_imports_and_aiostream_hf_ray_names_the_extra() -> None:
+    proc = run_python(WITHOUT_RAY)
+    assert proc.returncode == 0, proc.stderr
+    first, second = proc.stdout.splitlines()
+    assert first == "False"
+    assert second.startswith("aiostream_hf.ray needs Ray Data, which cannot be imported (")
+    assert second.endswith("): pip install 'aiostream-hf[ray]'")
+
+
 # -- without the s3 extra (botocore) ----------------------------------------------------
 
 WITHOUT_BOTOCORE = """

@@ -424,6 +424,24 @@ async def test_reads_each_index_once_and_reuses_decoders(
     assert stats.time_to_first_item is not None
 
 
+@pytest.mark.parametrize("name", ["v3-av1", "v3-h264", "v21"])
+async def test_reading_a_whole_dataset_in_order_fetches_each_byte_once(
+    datasets: dict[str, LeRobotLayout], hub: HubServer, options: StreamOptions, name: str
+) -> None:
+    """Every item, in order: the server serves at most 1.1x the repo's bytes (index reads,
+    frames, tables and metadata together), however the videos' sizes fall against the
+    first reads."""
+    layout = datasets[name]
+    repo_bytes = sum(p.stat().st_size for p in layout.path.rglob("*") if p.is_file())
+    before = hub.stats().bytes_served
+    items = await collect(remote(layout, hub, options))
+    served = hub.stats().bytes_served - before
+    assert len(items) == layout.total_frames
+    videos = sum(p.stat().st_size for p in layout.path.rglob("*.mp4"))
+    assert videos > 0.1 * repo_bytes  # so a second fetch of the videos would show
+    assert served <= 1.1 * repo_bytes, (served, repo_bytes)
+
+
 async def test_max_open_videos(
     datasets: dict[str, LeRobotLayout], hub: HubServer, options: StreamOptions
 ) -> None:

@@ -7,7 +7,13 @@ import types
 
 import pytest
 
-MODULES = ["aiostream_hf", "aiostream_hf.testing", "aiostream_hf.formats", "aiostream_hf.torch"]
+MODULES = [
+    "aiostream_hf",
+    "aiostream_hf.testing",
+    "aiostream_hf.formats",
+    "aiostream_hf.torch",
+    "aiostream_hf.ray",
+]
 
 
 @pytest.mark.parametrize("name", MODULES)
@@ -49,13 +55,17 @@ _DOING_IO = {
     "aiostream_hf._prefetch",
     "aiostream_hf._readahead",
     "aiostream_hf._transport",
+    "aiostream_hf._ranged",
     "aiostream_hf.lerobot",
     "aiostream_hf.video",
     "aiostream_hf.webdataset",
     "aiostream_hf.torch",
+    "aiostream_hf.ray",
     "torch",
+    "ray",
     "httpx2",
     "httpcore2",
+    "urllib3",
     "huggingface_hub",
     "filelock",
     "urllib.request",

@@ -78,6 +78,12 @@ def test_every_exit_is_silent_and_leaves_nothing(
         "lerobot_bare": "UsageError",
         "lerobot_break": 1,
         "lerobot_task_group": "ok",
+        "mix_bare": "UsageError",
+        "mix_break": 1,
+        "mix_task_group": "ok",
+        "mix_body_error": "KeyError",
+        "mix_cancelled": True,
+        "mix_after_gc": 2 * ROWS,
     }
     assert result["after"] == result["before"]
 
@@ -123,6 +129,32 @@ async def test_cancelling_the_consumer_stops_the_stream(hub: HubServer, tmp_path
                 await anyio.sleep(1)
     assert scope.cancelled_caught
     assert got == 1
+
+
+async def test_a_next_cancelled_where_it_waits_loses_no_sample(
+    hub: HubServer, tmp_path: Path
+) -> None:
+    """Each sample is first asked for in a cancelled scope; where that waits (the first
+    one, which starts the producer; the next unit) it is cancelled and asked for again."""
+    got: list[int] = []
+    cancelled = 0
+    async with _stream(hub, tmp_path) as s:
+        it = aiter(s)
+        while True:
+            with anyio.CancelScope() as scope:
+                scope.cancel()
+                try:
+                    got.append((await anext(it))["id"])
+                    continue
+                except StopAsyncIteration:
+                    break
+            cancelled += scope.cancelled_caught
+            try:
+                got.append((await anext(it))["id"])
+            except StopAsyncIteration:
+                break
+    assert cancelled > 1
+    assert sorted(got) == list(range(ROWS))
 
 
 async def test_a_new_loop_restarts_and_the_old_one_stops(hub: HubServer, tmp_path: Path) -> None:

@@ -143,6 +143,29 @@ async def test_streaming_a_file_costs_one_resolver_request(root: Path, tmp_path:
     assert stats.by_bucket["api"] == 2  # pin + tree
 
 
+@pytest.mark.parametrize(("rows", "row_group_size"), [(8, 4), (400, 50)])
+async def test_no_byte_is_fetched_twice(
+    root: Path, tmp_path: Path, rows: int, row_group_size: int
+) -> None:
+    """The tail read that brings the footer also holds the last column chunks (all of
+    them, for a small file): they are taken from it, not fetched again."""
+    repo = make_repo(root, "org/small", {})
+    path = repo / "data" / "train.parquet"
+    table = make_text_parquet(path, rows=rows, row_group_size=row_group_size)
+    size = path.stat().st_size
+    with HubServer(root) as hub:
+        s = ash.stream("hf://datasets/org/small", endpoint=hub.endpoint, options=_options(tmp_path))
+        got = await _collect(s)
+        cdn = hub.stats().by_bucket["cdn"]
+    assert got == table.to_pylist()
+    received = s.statistics().fetcher["bytes_received"]
+    assert received <= size
+    assert (size <= 64 * 1024) == (rows == 8)
+    if size <= 64 * 1024:  # the tail read holds the whole file: one read
+        assert received == size
+        assert cdn == 1
+
+
 async def test_thirty_two_concurrent_streams_resolve_once(root: Path, tmp_path: Path) -> None:
     import anyio
 

@@ -647,6 +647,9 @@ class ParquetUnit(Unit):
 
     footer: ParquetFooter | None = None
     plan: RowGroupPlan | None = None
+    tail: tuple[int, bytes] | None = field(default=None, repr=False)
+    """(offset, bytes) read from the end of the file with the footer, when the unit's
+    column chunks reach into them: those bytes are taken from here, not fetched again."""
 
 
 class ParquetDecoder(Decoder[ParquetUnit]):
@@ -658,7 +661,8 @@ class ParquetDecoder(Decoder[ParquetUnit]):
     async def plan(
         self, file: FileRef, source: ByteSource, request: ReadRequest
     ) -> list[ParquetUnit]:
-        footer, _, _ = await read_footer(source, file, file.url)
+        footer, tail, size = await read_footer(source, file, file.url)
+        tail_start = size - len(tail)
         plans = plan_row_groups(footer, request.columns, filter=request.filter)
         return [
             ParquetUnit(
@@ -669,6 +673,8 @@ class ParquetDecoder(Decoder[ParquetUnit]):
                 decoded=p.uncompressed,
                 footer=footer,
                 plan=p,
+                # A small file's tail read holds some or all of its column chunks.
+                tail=(tail_start, tail) if any(e > tail_start for _, e in p.ranges) else None,
             )
             for p in plans
         ]
@@ -678,7 +684,21 @@ class ParquetDecoder(Decoder[ParquetUnit]):
         ranges = list(unit.plan.ranges)
         if not ranges:
             return {}
-        return dict(zip(ranges, await source.read_ranges(unit.file, ranges), strict=True))
+        if unit.tail is None:
+            return dict(zip(ranges, await source.read_ranges(unit.file, ranges), strict=True))
+        # The bytes read with the footer are not fetched again: each range is fetched up
+        # to where the tail begins, and the rest is taken from the tail.
+        held_from, held = unit.tail
+        wanted = [(s, min(e, held_from)) for s, e in ranges if s < held_from]
+        fetched = iter(await source.read_ranges(unit.file, wanted) if wanted else [])
+        out: dict[tuple[int, int], bytes] = {}
+        for s, e in ranges:
+            head = next(fetched) if s < held_from else b""
+            if e <= held_from:
+                out[(s, e)] = head
+            else:
+                out[(s, e)] = head + held[max(s, held_from) - held_from : e - held_from]
+        return out
 
     def decode(
         self, unit: ParquetUnit, fetched: dict[tuple[int, int], bytes], request: ReadRequest

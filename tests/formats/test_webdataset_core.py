@@ -54,14 +54,21 @@ Sample = dict[str, Any]
 
 def reference(urls: str | Sequence[str]) -> list[Sample]:
     """What ``webdataset.WebDataset`` yields, without ``__local_path__``."""
+    failure: str | None = None
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ResourceWarning)  # webdataset 1.0.2 leaks file handles
         dataset = webdataset.WebDataset(urls, shardshuffle=False, empty_check=False)
         try:
             samples = list(dataset)
+        except ValueError as exc:
+            # Not re-raised from here: its traceback would keep webdataset's open file
+            # alive past this block, and its ResourceWarning would fail a later test.
+            failure = str(exc)
         finally:
             del dataset
-            gc.collect()
+        gc.collect()
+    if failure is not None:
+        raise ValueError(failure)
     for sample in samples:
         assert sample.pop("__local_path__") == sample["__url__"]
     return samples

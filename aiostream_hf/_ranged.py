@@ -1,0 +1,190 @@
+"""Range GETs over urllib3 in worker threads: the byte path of the fetcher's reads.
+
+The client's other requests (API, tree listings, redirects without a body worth the
+name) go through httpx2's own pool; a ``GET`` with a ``Range`` header comes here. Each
+body is read in large pieces (``read1``, up to ``_PIECE`` bytes) on a worker thread,
+which holds no GIL while it waits on the socket: the event loop receives no bytes
+itself, and each byte is copied once from the kernel instead of through asyncio's
+buffer, anyio's 64 KiB slices and h11's buffer (docs/benchmarks.md: the effect).
+
+Everything above the transport is unchanged: the HubClient's gates, retries, deadlines,
+validators and statistics see an ``httpx2.Response`` as from any transport; urllib3's
+errors become the httpx2 errors the fetcher retries (``ReadTimeout``, ``ConnectError``,
+``RemoteProtocolError``...). urllib3 follows no redirect and retries nothing itself.
+Cancellation is never held up by a blocked read: the thread is abandoned and the
+socket shut down under it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ssl
+from collections.abc import AsyncIterator, Callable
+from typing import Any, TypeVar
+
+import anyio
+import anyio.to_thread
+import httpx2
+import urllib3
+import urllib3.exceptions
+
+__all__ = ["ThreadedRangeTransport"]
+
+#: The most bytes one read of a body returns (what arrived by then, at least one byte).
+_PIECE = 1 << 20
+
+T = TypeVar("T")
+
+
+class ThreadedRangeTransport(httpx2.AsyncBaseTransport):
+    """``GET`` requests with a ``Range`` header, over urllib3 pools in worker threads.
+
+    At most ``max_connections`` connections per host are kept, and as many threads
+    run at once; ``tls`` gives the verifying context for https, made on first use.
+    """
+
+    def __init__(self, max_connections: int, tls: Callable[[], ssl.SSLContext]) -> None:
+        self._max_connections = max_connections
+        self._tls = tls
+        self._pools: dict[str, urllib3.PoolManager] = {}
+        self._threads = anyio.CapacityLimiter(max_connections)
+        self._closed = False
+
+    @staticmethod
+    def handles(request: httpx2.Request) -> bool:
+        """Whether ``request`` is one of this transport's: a GET of a byte range."""
+        return request.method == "GET" and "range" in request.headers
+
+    def _pool(self, scheme: str) -> urllib3.PoolManager:
+        pool = self._pools.get(scheme)
+        if pool is None:
+            if self._closed:
+                raise RuntimeError("this transport is closed")
+            extra: dict[str, Any] = {"ssl_context": self._tls()} if scheme == "https" else {}
+            pool = urllib3.PoolManager(
+                num_pools=64, maxsize=self._max_connections, block=False, **extra
+            )
+            self._pools[scheme] = pool
+        return pool
+
+    async def _run(self, request: httpx2.Request, fn: Callable[[], T]) -> T:
+        try:
+            return await anyio.to_thread.run_sync(
+                _mapped, request, fn, abandon_on_cancel=True, limiter=self._threads
+            )
+        except _Mapped as mapped:
+            raise mapped.error from mapped.__cause__
+
+    async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
+        timeout = request.extensions.get("timeout", {})
+        pool = self._pool(request.url.scheme)
+        url = str(request.url)
+        headers = dict(request.headers)
+
+        def send() -> urllib3.BaseHTTPResponse:
+            return pool.urlopen(
+                "GET",
+                url,
+                headers=headers,
+                redirect=False,
+                retries=False,
+                preload_content=False,
+                decode_content=False,
+                timeout=urllib3.Timeout(connect=timeout.get("connect"), read=timeout.get("read")),
+            )
+
+        answer = await self._run(request, send)
+        return httpx2.Response(
+            answer.status,
+            headers=list(answer.headers.items()),
+            stream=_Body(self, request, answer),
+            extensions={
+                "http_version": b"HTTP/1.1",
+                "reason_phrase": (answer.reason or "").encode(),
+            },
+        )
+
+    async def aclose(self) -> None:
+        self._closed = True
+        pools, self._pools = list(self._pools.values()), {}
+        for pool in pools:
+            pool.clear()
+
+
+class _Body(httpx2.AsyncByteStream):
+    """A response body, read on a worker thread a piece at a time."""
+
+    def __init__(
+        self, transport: ThreadedRangeTransport, request: httpx2.Request, answer: Any
+    ) -> None:
+        self._transport = transport
+        self._request = request
+        self._answer = answer
+        self._done = False
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        while not self._done:
+            try:
+                piece = await self._transport._run(self._request, self._read)
+            except anyio.get_cancelled_exc_class():
+                _shut_down(self._answer)  # unblocks the abandoned read
+                raise
+            if not piece:
+                self._done = True
+                return
+            yield piece
+
+    def _read(self) -> bytes:
+        return bytes(self._answer.read1(_PIECE))
+
+    async def aclose(self) -> None:
+        if self._done:
+            self._answer.release_conn()  # read to its end: the connection is reused
+        else:
+            _shut_down(self._answer)  # cut short: the connection is not reusable
+            self._answer.close()
+        self._done = True
+
+
+def _shut_down(answer: Any) -> None:
+    """Shut the socket of ``answer`` down (a read blocked on it returns), unless urllib3
+    has already let go of its connection (at the end of the body, or on an error)."""
+    if answer.connection is None:
+        return
+    with contextlib.suppress(RuntimeError, OSError):  # released meanwhile, or closed
+        answer.shutdown()
+
+
+class _Mapped(Exception):
+    """Carries the httpx2 error of a urllib3 one out of the worker thread."""
+
+    def __init__(self, error: httpx2.TransportError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+def _mapped(request: httpx2.Request, fn: Callable[[], T]) -> T:
+    """``fn()``, with urllib3's and the socket's errors made httpx2's."""
+    try:
+        return fn()
+    except urllib3.exceptions.MaxRetryError as exc:  # retries=False wraps none, but be sure
+        raise _Mapped(_error(exc.reason or exc, request)) from exc
+    except (urllib3.exceptions.HTTPError, OSError) as exc:
+        raise _Mapped(_error(exc, request)) from exc
+
+
+def _error(exc: BaseException, request: httpx2.Request) -> httpx2.TransportError:
+    message = f"{type(exc).__name__}: {exc}"
+    errors = urllib3.exceptions
+    kind: type[httpx2.TransportError]
+    if isinstance(exc, errors.ConnectTimeoutError):
+        kind = httpx2.ConnectTimeout
+    elif isinstance(exc, errors.ReadTimeoutError | TimeoutError):
+        kind = httpx2.ReadTimeout
+    elif isinstance(exc, errors.NewConnectionError | errors.SSLError | ssl.SSLError):
+        kind = httpx2.ConnectError
+    elif isinstance(exc, errors.ProtocolError | errors.DecodeError):
+        kind = httpx2.RemoteProtocolError
+    else:
+        kind = httpx2.ReadError
+    return kind(message, request=request)
