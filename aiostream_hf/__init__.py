@@ -6,6 +6,7 @@ from . import webdataset as webdataset
 from .__version__ import __version__ as __version__
 from ._client import ClientStatistics as ClientStatistics
 from ._client import HubClient as HubClient
+from ._exceptions import AccessDeniedError as AccessDeniedError
 from ._exceptions import AiostreamError as AiostreamError
 from ._exceptions import ClosedResourceError as ClosedResourceError
 from ._exceptions import ConfigNotFoundError as ConfigNotFoundError
@@ -37,6 +38,7 @@ from ._stream import StreamStatistics as StreamStatistics
 from ._stream import stream as stream
 
 __all__ = [
+    "AccessDeniedError",
     "AiostreamError",
     "ClientStatistics",
     "ClosedResourceError",

@@ -18,7 +18,10 @@ what requests must share to behave well together:
   kept until the signed URL expires, with one resolution in flight per file;
 - the one retry policy (jittered exponential backoff, the server's ``Retry-After``
   capped at the Hub's 5-minute rate-limit window) and the one token rule (a token
-  goes to its Hub's own origin only, never to a CDN or another host).
+  goes to its Hub's own origin only, never to a CDN or another host);
+- request signing: a request sent with a ``RequestSigner`` (an S3 store's SigV4) is
+  signed here, as it leaves, after every wait for the host and a slot, so that each
+  attempt (a retry, a resume with its new ``Range``) carries a fresh signature.
 
 Callers keep what is theirs: their options (retries, timeouts, range sizes), their
 token and endpoint, their statistics.
@@ -40,6 +43,7 @@ import urllib.request
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from types import TracebackType
+from typing import Protocol
 
 import anyio
 import httpx2
@@ -55,6 +59,7 @@ __all__ = [
     "ClientStatistics",
     "HubClient",
     "Pending",
+    "RequestSigner",
     "Route",
     "auth_headers",
     "host_key",
@@ -140,6 +145,13 @@ def ratelimit(value: str | None) -> tuple[int, float] | None:
     if remaining is None or reset is None:
         return None
     return int(remaining.group(1)), float(reset.group(1))
+
+
+class RequestSigner(Protocol):
+    """Adds a request's credentials (headers) just before it is sent; leaves a request
+    to a host it has no credentials for as it is."""
+
+    async def sign(self, request: httpx2.Request) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -295,10 +307,18 @@ class HubClient:
     # -- requests --------------------------------------------------------------------------
 
     async def send(
-        self, request: httpx2.Request, *, stream: bool = False, follow_redirects: bool = False
+        self,
+        request: httpx2.Request,
+        *,
+        stream: bool = False,
+        follow_redirects: bool = False,
+        signer: RequestSigner | None = None,
     ) -> httpx2.Response:
-        """Send ``request`` on the pool (the caller holds a slot: ``acquire``)."""
+        """Send ``request`` on the pool (the caller holds a slot: ``acquire``), signed by
+        ``signer`` first if one is given."""
         self.check_open()
+        if signer is not None:
+            await signer.sign(request)
         self._requests += 1
         return await self.http.send(request, stream=stream, follow_redirects=follow_redirects)
 

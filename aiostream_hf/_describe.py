@@ -29,9 +29,10 @@ from urllib.parse import quote
 from ._client import HubClient
 from ._exceptions import FetchError
 from ._models import FileRef, Manifest
-from ._sources import HubSource, has_glob, parse_sources
+from ._sources import HubSource, S3Source, has_glob, parse_sources
 
 if TYPE_CHECKING:
+    from ._options import StreamOptions
     from .lerobot import LeRobotMetadata
 
 __all__ = [
@@ -191,12 +192,19 @@ def _info_url(source: str, manifest: Manifest) -> str | None:
 
 
 async def load_lerobot(
-    source: str, *, token: str | None, endpoint: str | None, client: HubClient
+    source: str,
+    *,
+    token: str | None,
+    endpoint: str | None,
+    client: HubClient,
+    options: StreamOptions | None = None,
 ) -> LeRobotMetadata:
     """The metadata of the LeRobot dataset ``source``, read by ``aiostream_hf.lerobot``."""
     from . import lerobot
 
-    s = lerobot.stream(source, split=None, token=token, endpoint=endpoint, client=client)
+    s = lerobot.stream(
+        source, split=None, token=token, endpoint=endpoint, client=client, options=options
+    )
     async with s:
         return await s.load_metadata()
 
@@ -208,14 +216,23 @@ async def find_lerobot(
     token: str | None,
     endpoint: str | None,
     client: HubClient,
+    options: StreamOptions | None = None,
 ) -> LeRobotMetadata | None:
-    """The metadata of the Hub dataset ``source`` (resolved to ``manifest``) if it is a
-    LeRobot dataset, else None.
+    """The metadata of the Hub dataset (or S3 folder) ``source`` (resolved to
+    ``manifest``) if it is a LeRobot dataset, else None.
 
-    A dataset is LeRobot when it has ``meta/info.json``: that costs one read (a 404 when
-    absent). Then ``aiostream_hf.lerobot`` reads the metadata at the manifest's commit,
-    and an error of a LeRobot dataset (a missing episodes file...) is raised.
+    A dataset is LeRobot when it has ``meta/info.json``: that costs one read on the Hub
+    (a 404 when absent), nothing in an S3 folder (its listing has every object). Then
+    ``aiostream_hf.lerobot`` reads the metadata at the manifest's commit, and an error
+    of a LeRobot dataset (a missing episodes file...) is raised.
     """
+    folder = _s3_folder(source)
+    if folder is not None:
+        if not any(f.path == folder + _INFO for f in manifest.files):
+            return None
+        return await load_lerobot(
+            folder, token=token, endpoint=endpoint, client=client, options=options
+        )
     url = _info_url(source, manifest)
     endpoint = manifest.endpoint or endpoint  # the Hub it was resolved at (tokens go there)
     if url is None or not await _exists(url, token=token, endpoint=endpoint, client=client):
@@ -224,6 +241,18 @@ async def find_lerobot(
     assert isinstance(src, HubSource)
     pinned = HubSource(src.repo_id, manifest.commit, src.path).uri  # the listing's commit
     return await load_lerobot(pinned, token=token, endpoint=endpoint, client=client)
+
+
+def _s3_folder(source: str) -> str | None:
+    """``s3://BUCKET/PREFIX/`` if ``source`` names one S3 folder (not a glob or a key)."""
+    if not source.startswith("s3://"):
+        return None
+    sources = parse_sources(source)
+    src = sources[0] if len(sources) == 1 else None
+    if not isinstance(src, S3Source) or has_glob(src.key):
+        return None
+    folder = src.key.strip("/")
+    return f"s3://{src.bucket}/{folder + '/' if folder else ''}"
 
 
 async def _exists(url: str, *, token: str | None, endpoint: str | None, client: HubClient) -> bool:
@@ -299,6 +328,7 @@ async def webdataset_summary(
     endpoint: str | None,
     client: HubClient,
     samples: int = _PEEK_SAMPLES,
+    options: StreamOptions | None = None,
 ) -> WebDatasetSummary:
     """The shard groups of ``manifests``, and the extensions of the first ``samples``
     samples of the first shard (read with ``stream``, which stops there)."""
@@ -314,7 +344,7 @@ async def webdataset_summary(
     )
     seen: dict[str, None] = {}
     count = 0
-    s = stream(one, token=token, endpoint=endpoint, client=client)
+    s = stream(one, token=token, endpoint=endpoint, client=client, options=options)
     async with s:
         async for sample in s:
             count += 1

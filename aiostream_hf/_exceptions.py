@@ -5,7 +5,8 @@ Every error the library raises on purpose derives from ``AiostreamError``::
     AiostreamError
     ├── SourceError             a source string or option that cannot be used
     ├── ResolutionError         turning a source into a manifest of files failed
-    │   ├── RepoNotFoundError       unknown repo, or private without a valid token
+    │   ├── RepoNotFoundError       unknown repo (or bucket), or private without a valid token
+    │   ├── AccessDeniedError       credentials that cannot read an S3 bucket, or none found
     │   ├── GatedRepoError          gated repo the token has no access to
     │   ├── RevisionNotFoundError   unknown branch, tag or commit
     │   ├── EntryNotFoundError      unknown file or path in a repo
@@ -30,6 +31,7 @@ Errors from third-party libraries are converted at the boundary with
 from __future__ import annotations
 
 __all__ = [
+    "AccessDeniedError",
     "AiostreamError",
     "ClosedResourceError",
     "ConfigNotFoundError",
@@ -66,7 +68,13 @@ class ResolutionError(AiostreamError):
 
 
 class RepoNotFoundError(ResolutionError):
-    """The repo does not exist, or is private and the token cannot read it."""
+    """The repo (or S3 bucket) does not exist, or is private and the token cannot read it."""
+
+
+class AccessDeniedError(ResolutionError):
+    """An S3 store refused the credentials (AccessDenied, InvalidAccessKeyId,
+    SignatureDoesNotMatch, an expired token), or no credentials were found; the message
+    names the bucket, the credentials used and the way out."""
 
 
 class GatedRepoError(ResolutionError):

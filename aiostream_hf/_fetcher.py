@@ -47,6 +47,9 @@ How a read travels:
 - Unreachable hosts. A host that never answered and refuses the connection (or has
   no DNS name) is tried once more, then ``UnreachableError`` names it.
 - Tokens go to the Hub's host only, never to the CDN.
+- Objects of an S3 listing (``_s3``) are read from their own URL from the first request
+  (no resolution: ``If-Match`` carries the listing's ETag at once), each attempt signed
+  by the client as it is sent (SigV4); an error answer's ``<Code>`` names the problem.
 - ``file://`` URLs are read from disk with ``os.pread`` in worker threads.
 """
 
@@ -69,7 +72,8 @@ import anyio
 import anyio.to_thread
 import httpx2
 
-from ._client import HubClient, Pending, Route, auth_headers, origin
+from . import _s3
+from ._client import HubClient, Pending, RequestSigner, Route, auth_headers, origin
 from ._exceptions import (
     AiostreamError,
     ClosedResourceError,
@@ -230,6 +234,7 @@ class RangeFetcher:
         self._versions: dict[tuple[str, bool], Version] = {}
         self._unvalidated = 0
         self._local_versions: dict[str, _LocalVersion] = {}
+        self._s3: _s3.S3Context | None = None  # made at the first read of an S3 object
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -445,6 +450,8 @@ class RangeFetcher:
     def _route_nowait(self, transfer: _Transfer) -> Route | Pending | None:
         if transfer.leader:
             return None
+        if _s3.is_s3(transfer.file):  # a listed object: its URL serves it, as listed
+            return transfer.own_route or Route(transfer.file.url, direct=True)
         found, dropped = self._hub.route_nowait(self._route_key(transfer), transfer.own_route)
         if dropped:
             self._re_resolutions += 1
@@ -506,6 +513,14 @@ class RangeFetcher:
         return self._hub.retry_delay(failures, server_delay, base=o.backoff_base, cap=o.backoff_max)
 
     # -- requests --------------------------------------------------------------------------
+
+    async def _signer(self, file: FileRef) -> RequestSigner | None:
+        """What signs the requests for ``file``: the S3 context for a listed object."""
+        if not _s3.is_s3(file):
+            return None
+        if self._s3 is None:
+            self._s3 = await _s3.context(self.options, file.path)
+        return self._s3
 
     def _headers(self, transfer: _Transfer, url: str, route: Route | None) -> dict[str, str]:
         headers = {"Range": transfer.range_header()}
@@ -666,6 +681,7 @@ class _Transfer:
         self.waited_bytes = 0
         self.stalled: _Stall | None = None
         self.stall_count = 0
+        self.error_body = b""  # the start of an S3 error answer (its <Code>)
 
     # -- reading ---------------------------------------------------------------------------
 
@@ -856,6 +872,7 @@ class _Transfer:
     async def _open_response(self) -> _Signal | None:
         f = self.fetcher
         hops = 0
+        signer = await f._signer(self.file)
         while True:
             f._check_open()
             route = await f._route(self)
@@ -875,7 +892,7 @@ class _Transfer:
                     request = f._hub.http.build_request(
                         "GET", url, headers=headers, timeout=f._timeout
                     )
-                    response = await f._hub.send(request, stream=True)
+                    response = await f._hub.send(request, stream=True, signer=signer)
                 except _RETRYABLE_ERRORS as exc:
                     quick = None
                     # A host we were sent to by a redirect (a CDN) exists: its refusals
@@ -891,6 +908,8 @@ class _Transfer:
                     ) from exc
                 else:
                     f._note_response(host, self, response)
+                    if signer is not None and response.status_code in (400, 401, 403):
+                        self.error_body = await _s3.error_body(response)
                     outcome = self._accept(response, route, url)
             except BaseException:
                 await self._drop(response)
@@ -1111,6 +1130,9 @@ class _Transfer:
         where = file.url if url == file.url else f"{file.url} (served by {_display(url)})"
         if status == 404 and route is not None and route.direct:
             return self._changed(f"{where} answered 404{note}: it was removed", status=404)
+        if _s3.is_s3(file):
+            ctx, attempts = self.fetcher._s3, self.failures + 1
+            return _s3.read_error(ctx, file, status, self.error_body, attempts)
         if status == 404:
             message = f"{file.path}: not found: HTTP 404 from {where}{note}"
         elif status in (401, 403) and self.fetcher._is_hub(url):

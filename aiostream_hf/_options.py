@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ._exceptions import SourceError
@@ -11,6 +12,8 @@ from ._exceptions import SourceError
 __all__ = ["StreamOptions"]
 
 _MiB = 1024 * 1024
+_S3_ADDRESSING = ("auto", "path", "virtual")
+_S3_CREDENTIAL_KEYS = ("aws_access_key_id", "aws_secret_access_key", "aws_session_token")
 
 
 @dataclass(frozen=True)
@@ -35,11 +38,27 @@ class StreamOptions:
         (WARNING, logger ``aiostream_hf``).
     cache_dir: the on-disk resolution cache; default AIOSTREAM_HF_CACHE or the
         user cache dir (~/.cache/aiostream-hf).
-    pin_ttl: seconds a branch-to-commit pin is shared between processes.
+    pin_ttl: seconds a resolution of something that can change is shared between the
+        processes of a machine (and reused in one): a branch's commit, an S3 listing.
     verify_checksums: verify the CRC of every Parquet page that carries one (files
         written with ``write_page_checksum=True``): a page whose bytes changed raises
         ``DecodeError`` naming the file and row group instead of giving wrong rows.
         Pages without a CRC are read as before. False skips the check.
+
+    How ``s3://`` sources are reached (the ``s3`` extra; see docs/object-stores.md). Each
+    defaults to the standard AWS variables and config files, as boto3 reads them:
+    s3_endpoint_url: the store's URL (MinIO, R2, a local server); default
+        ``AWS_ENDPOINT_URL_S3``, ``AWS_ENDPOINT_URL``, the profile's ``endpoint_url``,
+        else AWS's ``https://s3.{region}.amazonaws.com``.
+    s3_region: the region requests are signed for; default ``AWS_REGION``,
+        ``AWS_DEFAULT_REGION``, the profile's ``region``, else ``us-east-1``.
+    s3_anonymous: send requests unsigned (a public bucket): no credentials are looked up.
+    s3_credentials: ``{"aws_access_key_id": ..., "aws_secret_access_key": ...,
+        "aws_session_token": ...}`` (the token optional); default the AWS credential chain
+        (``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY``/``AWS_SESSION_TOKEN``,
+        ``AWS_PROFILE`` and the shared files, SSO, container and instance roles).
+    s3_addressing: "path" (``ENDPOINT/BUCKET/KEY``), "virtual" (``BUCKET.HOST/KEY``) or
+        "auto" (the profile's ``s3.addressing_style``, else virtual on AWS, path elsewhere).
     """
 
     max_concurrency: int = 16
@@ -57,6 +76,11 @@ class StreamOptions:
     cache_dir: Path | None = None
     pin_ttl: float = 10.0
     verify_checksums: bool = True
+    s3_endpoint_url: str | None = None
+    s3_region: str | None = None
+    s3_anonymous: bool = False
+    s3_credentials: Mapping[str, str] | None = field(default=None, repr=False, hash=False)
+    s3_addressing: str = "auto"
 
     def __post_init__(self) -> None:
         positive = {
@@ -81,6 +105,28 @@ class StreamOptions:
         }.items():
             if value < 0:
                 raise SourceError(f"StreamOptions.{name}={value!r}: must be >= 0")
+        if self.s3_addressing not in _S3_ADDRESSING:
+            raise SourceError(
+                f"StreamOptions.s3_addressing={self.s3_addressing!r}: use one of "
+                f"{', '.join(map(repr, _S3_ADDRESSING))}"
+            )
+        creds = self.s3_credentials
+        if creds is not None:
+            if (
+                not isinstance(creds, Mapping)
+                or not set(creds) <= set(_S3_CREDENTIAL_KEYS)
+                or not all(isinstance(v, str) for v in creds.values())
+                or not (creds.get("aws_access_key_id") and creds.get("aws_secret_access_key"))
+            ):
+                raise SourceError(
+                    "StreamOptions.s3_credentials: give a mapping of 'aws_access_key_id' and "
+                    "'aws_secret_access_key' (and 'aws_session_token' if any) to strings"
+                )
+            if self.s3_anonymous:
+                raise SourceError(
+                    "StreamOptions: s3_anonymous=True sends requests unsigned; drop "
+                    "s3_credentials, or s3_anonymous"
+                )
 
     def resolved_cache_dir(self) -> Path:
         """cache_dir, else $AIOSTREAM_HF_CACHE, else the user cache dir."""

@@ -89,7 +89,8 @@ import filelock
 import httpx2
 import yaml
 
-from ._client import HubClient, auth_headers, host_key, origin
+from . import _s3
+from ._client import HubClient, RequestSigner, auth_headers, host_key, origin
 from ._exceptions import (
     ClosedResourceError,
     ConfigNotFoundError,
@@ -104,7 +105,15 @@ from ._exceptions import (
 from ._models import FileRef, Manifest
 from ._options import StreamOptions
 from ._retry import retry_after
-from ._sources import HubSource, LocalSource, Source, UrlSource, has_glob, parse_sources
+from ._sources import (
+    HubSource,
+    LocalSource,
+    S3Source,
+    Source,
+    UrlSource,
+    has_glob,
+    parse_sources,
+)
 
 __all__ = [
     "DATA_FILE_EXTENSIONS",
@@ -264,6 +273,9 @@ _PIN_CODEC: _Codec[_Pin] = _Codec("pin", _Pin.to_json, _Pin.from_json)
 # Memory only: a tree listing can be large, and the manifests made from it are on disk.
 _TREE_CODEC: _Codec[tuple[_File, ...]] = _Codec("tree")
 _CARD_CODEC: _Codec[dict[str, Any] | None] = _Codec("card")
+_S3_LISTING_CODEC: _Codec[tuple[_s3.S3Object, ...]] = _Codec(
+    "s3-listing", _s3.encode_listing, _s3.decode_listing
+)
 
 
 class _Pending:
@@ -447,12 +459,12 @@ class Resolver:
         hub_endpoint = _endpoint(endpoint)
         call = _Call(token)
         manifests: list[Manifest] = []
-        plain: list[UrlSource | LocalSource] = []
+        run: list[UrlSource | LocalSource | S3Source] = []  # resolved together
         for src in sources:
             if isinstance(src, HubSource):
-                if plain:
-                    manifests.append(await self._resolve_plain(plain, config, split))
-                    plain = []
+                if run:
+                    manifests.append(await self._resolve_run(run, config, split, call))
+                    run = []
                 if patterns is not None and src.path is not None and has_glob(src.path):
                     raise SourceError(
                         f"data_files={data_files!r} cannot narrow a glob source "
@@ -467,27 +479,30 @@ class Resolver:
                         f"data_files= applies to Hub repos, not to {_describe(src)!r}: "
                         "pass the files themselves as the source"
                     )
-                plain.append(src)
-        if plain:
-            manifests.append(await self._resolve_plain(plain, config, split))
+                if run and not _same_run(run[-1], src):
+                    manifests.append(await self._resolve_run(run, config, split, call))
+                    run = []
+                run.append(src)
+        if run:
+            manifests.append(await self._resolve_run(run, config, split, call))
         return manifests[0] if len(manifests) == 1 else _combine(manifests)
 
-    # -- plain files --------------------------------------------------------------------
-
-    async def _resolve_plain(
-        self, sources: Sequence[UrlSource | LocalSource], config: str | None, split: str | None
+    async def _resolve_run(
+        self,
+        run: Sequence[UrlSource | LocalSource | S3Source],
+        config: str | None,
+        split: str | None,
+        call: _Call,
     ) -> Manifest:
-        what = _describe(sources[0]) + (f" and {len(sources) - 1} more" if len(sources) > 1 else "")
-        if config not in (None, "default"):
-            raise ConfigNotFoundError(
-                f"no config {config!r} in {what}: files and URLs have one config, 'default'"
-            )
-        if split not in (None, "train"):
-            raise SplitNotFoundError(
-                f"no split {split!r} in {what}: files and URLs form one split, 'train' "
-                "(as in datasets); resolve each split's files separately"
-            )
-        files = await anyio.to_thread.run_sync(_plain_files, sources)
+        """Plain files and URLs; or objects of one bucket (one listing for all of them)."""
+        what = _describe(run[0]) + (f" and {len(run) - 1} more" if len(run) > 1 else "")
+        _check_one_split(what, config, split)
+        if isinstance(run[0], S3Source):
+            s3_sources = [src for src in run if isinstance(src, S3Source)]
+            files = await self._resolve_s3(s3_sources, call)
+        else:
+            plain = [src for src in run if not isinstance(src, S3Source)]
+            files = await anyio.to_thread.run_sync(_plain_files, plain)
         return Manifest(
             files=files,
             config="default",
@@ -496,6 +511,45 @@ class Resolver:
             splits={"train": len(files)},
             format=_common_format([f.path for f in files]),
         )
+
+    # -- plain files --------------------------------------------------------------------
+
+    # -- S3 buckets ---------------------------------------------------------------------
+
+    async def _resolve_s3(self, sources: Sequence[S3Source], call: _Call) -> tuple[FileRef, ...]:
+        """The objects ``sources`` (of one bucket) name, from one listing of the prefix
+        they share, cached for ``pin_ttl`` seconds: an S3 listing has no commit."""
+        bucket = sources[0].bucket
+        ctx = await _s3.context(self._options, sources[0].uri)
+        prefix = _s3.listing_prefix([src.key for src in sources])
+        objects = await self._once(
+            ("s3-listing", ctx.identity, ctx.endpoint, bucket, prefix),
+            functools.partial(self._list_s3, ctx, bucket, prefix, call),
+            _S3_LISTING_CODEC,
+            ttl=self._options.pin_ttl,
+            call=call,
+        )
+        return await anyio.to_thread.run_sync(_s3.select, ctx, objects, sources, _glob_regex)
+
+    async def _list_s3(
+        self, ctx: _s3.S3Context, bucket: str, prefix: str, call: _Call
+    ) -> tuple[_s3.S3Object, ...]:
+        where = _Where(f"s3://{bucket}", "", None, ctx.endpoint)
+
+        def refused(response: httpx2.Response, body: bytes, attempts: int) -> Exception:
+            return _s3.listing_error(
+                ctx, bucket, prefix, response.status_code, response.headers, body
+            )
+
+        async def page(url: str) -> bytes:
+            answer = await self._get(
+                url, where, call, follow_redirects=False, signer=ctx, refused=refused
+            )
+            return answer.body
+
+        objects = await _s3.list_objects(page, ctx, bucket, prefix)
+        self._counts.resolutions += 1
+        return objects
 
     # -- Hub repos ----------------------------------------------------------------------
 
@@ -748,9 +802,14 @@ class Resolver:
         missing: str | None = None,
         follow_redirects: bool = True,
         body: _BodyKind = "api",
+        signer: RequestSigner | None = None,
+        refused: Callable[[httpx2.Response, bytes, int], Exception] | None = None,
     ) -> _Answer:
         """One request with retries on 408/429/5xx, network errors and timeouts; its
         body read with the cap of its kind; every failure a library error.
+
+        A request to an S3 store has a ``signer`` (and no Hub token) and a ``refused``
+        that turns an error answer and its body (read for its code) into the error.
 
         The wait for a rate-limited host is bounded by ``max_rate_limit_wait`` (counted
         from this call), each attempt's whole answer by ``timeout``; a host that never
@@ -760,8 +819,8 @@ class Resolver:
         if self._client is None:
             self._client = HubClient()
         hub = self._client
-        token = await call.token()
-        is_api = urlsplit(url).path.startswith("/api/")
+        token = None if signer is not None else await call.token()
+        is_api = signer is not None or urlsplit(url).path.startswith("/api/")
         host = host_key(url)
         owner = object()  # this call's place in the host's gate
         o = self._options
@@ -777,16 +836,29 @@ class Resolver:
             await hub.acquire(host, owner, deadline=deadline, url=url)
             try:
                 outcome = await self._attempt(
-                    hub, owner, method, url, params, token, where, follow_redirects, body, attempts
+                    hub,
+                    owner,
+                    method,
+                    url,
+                    params,
+                    token,
+                    where,
+                    follow_redirects,
+                    body,
+                    attempts,
+                    signer=signer,
+                    error_bodies=refused is not None,
                 )
             finally:
                 hub.release(host, owner)
             if isinstance(outcome, _Answer):
                 response = outcome.response
                 status = response.status_code
-                if status < 400:
+                if status < (300 if refused is not None else 400):
                     return outcome
                 if status not in _RETRY_STATUSES or attempts > o.max_retries:
+                    if refused is not None:
+                        raise refused(response, outcome.body, attempts)
                     raise _http_error(response, where, missing, attempts)
                 if status == 429 and host_key(str(response.url)) == host:
                     delay = 0.0  # the host is paused: the gate is the wait
@@ -819,11 +891,15 @@ class Resolver:
         follow_redirects: bool,
         body: _BodyKind,
         attempts: int,
+        *,
+        signer: RequestSigner | None = None,
+        error_bodies: bool = False,
     ) -> _Answer | _Failure:
         """One attempt: the request, its redirects and its body, within ``timeout``.
 
         An answer (any status) or a retryable failure; errors a retry cannot mend
-        (a body over its cap, a redirect loop, an invalid URL) are raised.
+        (a body over its cap, a redirect loop, an invalid URL) are raised. The body of
+        an error answer is read only with ``error_bodies`` (an S3 error's code is in it).
         """
         o = self._options
         current = url
@@ -837,7 +913,7 @@ class Resolver:
                         headers=auth_headers(current, token, where.endpoint),
                         timeout=o.timeout,
                     )
-                    response = await hub.send(request, stream=True)
+                    response = await hub.send(request, stream=True, signer=signer)
                     try:
                         hub.note_response(
                             host_key(current),
@@ -852,7 +928,7 @@ class Resolver:
                             current = _redirect_target(response, method, url)
                             continue
                         content = b""
-                        if body is not None and response.status_code < 400:
+                        if body is not None and (response.status_code < 400 or error_bodies):
                             content = await _read_capped(response, body, method)
                         return _Answer(response, content)
                     finally:
@@ -1340,11 +1416,34 @@ class _BoundedLoader(yaml.SafeLoader):
 
 
 def _describe(src: Source) -> str:
+    if isinstance(src, S3Source):
+        return src.uri
     if isinstance(src, UrlSource):
         return src.url
     if isinstance(src, LocalSource):
         return str(src.path)
     return src.uri
+
+
+def _same_run(last: Source, src: Source) -> bool:
+    """Whether ``src`` is resolved with ``last``: plain files and URLs together, the
+    objects of one bucket together (one listing)."""
+    if isinstance(last, S3Source) and isinstance(src, S3Source):
+        return last.bucket == src.bucket
+    return not isinstance(last, S3Source) and not isinstance(src, S3Source)
+
+
+def _check_one_split(what: str, config: str | None, split: str | None) -> None:
+    """Files, URLs and objects form one config ("default") with one split ("train")."""
+    if config not in (None, "default"):
+        raise ConfigNotFoundError(
+            f"no config {config!r} in {what}: files, URLs and objects have one config, 'default'"
+        )
+    if split not in (None, "train"):
+        raise SplitNotFoundError(
+            f"no split {split!r} in {what}: files, URLs and objects form one split, 'train' "
+            "(as in datasets); resolve each split's files separately"
+        )
 
 
 def _plain_files(sources: Sequence[UrlSource | LocalSource]) -> tuple[FileRef, ...]:

@@ -14,6 +14,10 @@ Accepted sources:
   revision ends at the first ``/``. The path may hold glob characters; it is
   matched against the repo tree later, by the resolver.
 - ``https://...`` and ``http://...`` URLs.
+- ``s3://BUCKET[/KEY-PREFIX-OR-GLOB]``: objects of an S3 (or S3-compatible) bucket. A key
+  names one object, or the folder of that name (a trailing ``/`` says folder); glob
+  characters match keys as they match Hub paths. The bucket is listed later, by the
+  resolver (``_s3.py``); the ``s3`` extra (botocore) must be installed.
 - local paths (absolute, relative, ``~``), ``file://`` URLs and local globs
   (``*``, ``?``, ``[...]``, ``**``). A directory stands for the files below it.
 - a list or tuple of these, flattened in order.
@@ -55,6 +59,7 @@ __all__ = [
     "MAX_BRACE_EXPANSION",
     "HubSource",
     "LocalSource",
+    "S3Source",
     "Source",
     "UrlSource",
     "expand_braces",
@@ -112,11 +117,29 @@ class LocalSource:
     path: Path
 
 
-Source: TypeAlias = HubSource | UrlSource | LocalSource
+@dataclass(frozen=True, slots=True)
+class S3Source:
+    """Objects of an S3 bucket: one key, a folder of keys, or a glob over keys.
+
+    ``key`` is "" for the whole bucket; a key ending in ``/`` is a folder; a key with
+    glob characters is matched against the bucket's keys.
+    """
+
+    bucket: str
+    key: str
+
+    @property
+    def uri(self) -> str:
+        """The canonical ``s3://BUCKET/KEY`` form, which parses back to this source."""
+        return f"s3://{self.bucket}/{self.key}"
+
+
+Source: TypeAlias = HubSource | UrlSource | LocalSource | S3Source
 
 _ACCEPTED_FORMS = (
     "Accepted sources: 'hf://datasets/ORG/NAME[@REVISION][/PATH-OR-GLOB]'; "
     "'https://HOST/PATH' or 'http://HOST/PATH'; "
+    "'s3://BUCKET/KEY-PREFIX-OR-GLOB'; "
     "a local file, directory or glob ('data/train.parquet', 'data/**/*.tar', "
     "'file:///abs/path'); or a list of these. "
     "Braces expand in all of them: 'shard-{000..099}.tar', 'data/{train,test}.parquet'."
@@ -203,6 +226,8 @@ def _parse_one(source: object) -> list[Source]:
         return [_parse_hub(uri, source) for uri in _expand(source, source)]
     if scheme in ("http", "https"):
         return [_parse_url(url, source) for url in _expand(source, source)]
+    if scheme == "s3":
+        return [_parse_s3(uri, source) for uri in _expand(source, source)]
     if scheme == "file":
         paths = [_file_url_path(url, source) for url in _expand(source, source)]
         return _local_sources(paths, source)
@@ -240,6 +265,36 @@ def _file_url_path(url: str, source: object) -> str:
     if not parts.path:
         raise _fail(f"file URL {url!r} has no path", source)
     return url2pathname(parts.path)
+
+
+# --- s3:// ----------------------------------------------------------------------------------
+
+# S3's bucket naming rules (3-63 lowercase letters, digits, dots and hyphens, starting and
+# ending with a letter or digit), widened as S3-compatible stores and old us-east-1 buckets
+# allow (uppercase letters, underscores, up to 255 characters).
+_BUCKET = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9._-]{0,253}[A-Za-z0-9])?$")
+_MAX_KEY_BYTES = 1024  # S3's limit on a key, in UTF-8 bytes
+
+
+def _parse_s3(uri: str, source: object) -> S3Source:
+    """Split ``s3://BUCKET/KEY``; the key is kept as written (S3 keys are not URL-quoted)."""
+    from ._s3 import require_botocore
+
+    bucket, _, key = uri[uri.index("://") + 3 :].partition("/")
+    if not bucket:
+        raise _fail(f"{uri!r} names no bucket: write 's3://BUCKET/KEY-PREFIX'", source)
+    if not _BUCKET.match(bucket):
+        raise _fail(
+            f"{uri!r}: {bucket!r} is not a bucket name (letters, digits, '.', '-' and '_'; "
+            "it starts and ends with a letter or digit)",
+            source,
+        )
+    if len(key.encode("utf-8", "surrogatepass")) > _MAX_KEY_BYTES:
+        raise _fail(f"{uri!r}: the key is longer than S3's {_MAX_KEY_BYTES} bytes", source)
+    if any(ord(c) < 0x20 or c == "\x7f" for c in key):
+        raise _fail(f"{uri!r}: the key has a control character", source)
+    require_botocore()
+    return S3Source(bucket=bucket, key=key)
 
 
 # --- hf:// ----------------------------------------------------------------------------------

@@ -9,8 +9,10 @@
 
 Every command that reads data takes ``--endpoint`` (default ``HF_ENDPOINT``, then
 https://huggingface.co) and ``--token`` (default ``HF_TOKEN``, then the login stored
-by ``hf auth login``). Bad input ends with a one-line ``Error: ...`` and exit code 1;
-Ctrl-C with one line on stderr and exit code 130.
+by ``hf auth login``); ``s3://`` sources are reached with the AWS variables and config
+files (``AWS_ENDPOINT_URL``, ``AWS_PROFILE``, ``AWS_ACCESS_KEY_ID``...), or unsigned with
+``--no-sign-request`` (a public bucket). Bad input ends with a one-line
+``Error: ...`` and exit code 1; Ctrl-C with one line on stderr and exit code 130.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ if TYPE_CHECKING:
     from ._client import HubClient
     from ._describe import LeRobotSummary, WebDatasetSummary
     from ._models import FileRef, Manifest
+    from ._options import StreamOptions
 
 __all__ = ["main"]
 
@@ -70,7 +73,13 @@ def main() -> None:
 
 
 def _hub_options(command: F) -> F:
-    """--endpoint and --token, for every command that reads data."""
+    """--endpoint, --token and --no-sign-request, for every command that reads data."""
+    command = click.option(
+        "--no-sign-request",
+        is_flag=True,
+        help="s3:// sources: send requests unsigned (a public bucket); else the AWS "
+        "credentials of the environment and config files sign them.",
+    )(command)
     command = click.option(
         "--token",
         metavar="TOKEN",
@@ -82,6 +91,13 @@ def _hub_options(command: F) -> F:
         help="Hub endpoint (default: HF_ENDPOINT, then https://huggingface.co).",
     )(command)
     return command
+
+
+def _options(no_sign_request: bool, **fields: Any) -> StreamOptions:
+    """The StreamOptions of a command: ``fields``, and s3_anonymous for --no-sign-request."""
+    from ._options import StreamOptions
+
+    return StreamOptions(**fields, s3_anonymous=no_sign_request)
 
 
 def _split_columns(values: Sequence[str]) -> list[str] | None:
@@ -107,18 +123,24 @@ _columns_option = click.option(
 @click.option("--split", help="Show only this split.")
 @_hub_options
 def ls(
-    source: str, config: str | None, split: str | None, endpoint: str | None, token: str | None
+    source: str,
+    config: str | None,
+    split: str | None,
+    endpoint: str | None,
+    token: str | None,
+    no_sign_request: bool,
 ) -> None:
     """List the files, configs and splits of SOURCE, with their sizes.
 
     SOURCE is hf://datasets/ORG/NAME[@REV][/PATH-OR-GLOB], an http(s) URL (braces
-    expand: shard-{000..009}.tar) or a local path or glob. A LeRobot dataset (it has
-    meta/info.json) shows its episodes, frames, fps and cameras; WebDataset shards
-    show their count, size and the extensions of their first samples.
+    expand: shard-{000..009}.tar), s3://BUCKET/PREFIX-OR-GLOB, or a local path or
+    glob. A LeRobot dataset (it has meta/info.json) shows its episodes, frames, fps and
+    cameras; WebDataset shards show their count, size and the extensions of their first
+    samples.
     """
     from ._demo import human_bytes, render_table
 
-    listing = anyio.run(_ls, source, config, split, endpoint, token)
+    listing = anyio.run(_ls, source, config, split, endpoint, token, _options(no_sign_request))
     manifests, meta, shards = listing.manifests, listing.lerobot, listing.webdataset
     first = manifests[0] if manifests else None
     if first is not None and first.repo_id is not None:
@@ -251,7 +273,12 @@ class _Listing:
 
 
 async def _ls(
-    source: str, config: str | None, split: str | None, endpoint: str | None, token: str | None
+    source: str,
+    config: str | None,
+    split: str | None,
+    endpoint: str | None,
+    token: str | None,
+    options: StreamOptions,
 ) -> _Listing:
     """What ``ls`` shows: the manifests, and what a LeRobot or WebDataset dataset adds."""
     from . import _describe
@@ -261,18 +288,18 @@ async def _ls(
         folder = _describe.local_lerobot(source)
         if folder is not None:
             meta = await _describe.load_lerobot(
-                str(folder), token=token, endpoint=endpoint, client=client
+                str(folder), token=token, endpoint=endpoint, client=client, options=options
             )
             return _Listing([], lerobot=_describe.LeRobotSummary.from_metadata(meta))
-        manifests = await _resolve_all(source, config, split, endpoint, token, client)
+        manifests = await _resolve_all(source, config, split, endpoint, token, client, options)
         found = await _describe.find_lerobot(
-            source, manifests[0], token=token, endpoint=endpoint, client=client
+            source, manifests[0], token=token, endpoint=endpoint, client=client, options=options
         )
         if found is not None:
             return _Listing(manifests, lerobot=_describe.LeRobotSummary.from_metadata(found))
         if manifests[0].format == "webdataset":
             shards = await _describe.webdataset_summary(
-                manifests, token=token, endpoint=endpoint, client=client
+                manifests, token=token, endpoint=endpoint, client=client, options=options
             )
             return _Listing(manifests, webdataset=shards)
         return _Listing(manifests)
@@ -285,6 +312,7 @@ async def _resolve_all(
     endpoint: str | None,
     token: str | None,
     client: HubClient | None = None,
+    options: StreamOptions | None = None,
 ) -> list[Manifest]:
     """The manifest of the selected (or default) config, then those of the other configs.
 
@@ -292,7 +320,7 @@ async def _resolve_all(
     """
     from ._resolver import Resolver
 
-    async with Resolver(client=client) as resolver:
+    async with Resolver(client=client, options=options) as resolver:
         first = await resolver.resolve(
             source, config=config, split=split, endpoint=endpoint, token=token
         )
@@ -328,6 +356,7 @@ def head(
     width: int,
     endpoint: str | None,
     token: str | None,
+    no_sign_request: bool,
 ) -> None:
     """Print the first N samples of SOURCE; binary fields show as <bytes: 1234 B>.
 
@@ -335,7 +364,10 @@ def head(
     value, decoded as webdataset's default decoders do. Only what those samples need
     is read (for Parquet, the first row group of the columns asked for).
     """
-    samples = anyio.run(_head, source, n, _split_columns(columns), split, config, endpoint, token)
+    options = _options(no_sign_request)
+    samples = anyio.run(
+        _head, source, n, _split_columns(columns), split, config, endpoint, token, options
+    )
     if not samples:
         click.echo("(no samples)")
     for i, sample in enumerate(samples):
@@ -357,11 +389,20 @@ async def _head(
     config: str | None,
     endpoint: str | None,
     token: str | None,
+    options: StreamOptions,
 ) -> list[Any]:
     from ._stream import stream
 
     samples: list[Any] = []
-    s = stream(source, split=split, config=config, columns=columns, endpoint=endpoint, token=token)
+    s = stream(
+        source,
+        split=split,
+        config=config,
+        columns=columns,
+        endpoint=endpoint,
+        token=token,
+        options=options,
+    )
     async with s:
         async for sample in s:
             samples.append(sample)
@@ -436,6 +477,7 @@ def bench(
     progress: bool,
     endpoint: str | None,
     token: str | None,
+    no_sign_request: bool,
 ) -> None:
     """Stream SOURCE to the end (or --limit) and report samples/s, MB/s and requests.
 
@@ -443,13 +485,8 @@ def bench(
     this client made: "api" (repo info and tree listings), "resolvers" (a file's
     /resolve/ URL, once per file) and "cdn" (the range reads).
     """
-    from ._options import StreamOptions
-
-    options = (
-        StreamOptions()
-        if max_concurrency is None
-        else StreamOptions(max_concurrency=max_concurrency)
-    )
+    limits = {} if max_concurrency is None else {"max_concurrency": max_concurrency}
+    options = _options(no_sign_request, **limits)
     kwargs: dict[str, Any] = {
         "split": split,
         "config": config,
@@ -644,15 +681,17 @@ def frames(
     tolerance: float | None,
     endpoint: str | None,
     token: str | None,
+    no_sign_request: bool,
 ) -> None:
     """Sample the frames of a video at given times and write them as a contact sheet.
 
-    URL is an http(s) URL, a local path, or hf://datasets/ORG/NAME[@REV]/PATH.mp4.
+    URL is an http(s) URL, a local path, hf://datasets/ORG/NAME[@REV]/PATH.mp4 or
+    s3://BUCKET/KEY.mp4.
     Only the video's index and the bytes of the frames asked for are fetched.
     """
     from ._demo import contact_sheet, human_bytes, write_png
 
-    result = anyio.run(_frames, url, at, tolerance, endpoint, token)
+    result = anyio.run(_frames, url, at, tolerance, endpoint, token, no_sign_request)
     write_png(out, contact_sheet(result["data"], columns=cols))
     click.echo(
         f"wrote {out}: {len(result['pts'])} frames of {result['width']}x{result['height']} "
@@ -701,19 +740,23 @@ async def _hub_file(url: str, token: str | None) -> str | FileRef:
 
 
 async def _frames(
-    url: str, at: list[float], tolerance: float | None, endpoint: str | None, token: str | None
+    url: str,
+    at: list[float],
+    tolerance: float | None,
+    endpoint: str | None,
+    token: str | None,
+    no_sign_request: bool,
 ) -> dict[str, Any]:
     from . import video
     from ._fetcher import RangeFetcher
-    from ._options import StreamOptions
 
     # Frames far apart are read as separate concurrent ranges, not one span with holes.
-    options = StreamOptions(coalesce_gap=64 * 1024)
+    options = _options(no_sign_request, coalesce_gap=64 * 1024)
     source: str | FileRef = _video_url(url, endpoint)
     if url.startswith("hf://"):
         source = await _hub_file(str(source), token)
     async with RangeFetcher(options, token=token, endpoint=endpoint) as fetcher:
-        async with video.open(source, fetcher=fetcher) as reader:
+        async with video.open(source, fetcher=fetcher, options=options) as reader:
             got = await reader.frames_at(at, tolerance_s=tolerance)  # None: the frame on screen
             info = {"width": reader.width, "height": reader.height, "codec": reader.codec}
             size = reader.file.size

@@ -119,7 +119,7 @@ from ._models import FileRef
 from ._options import StreamOptions
 from ._prefetch import Job
 from ._resolver import Resolver
-from ._sources import HubSource, has_glob, parse_sources
+from ._sources import HubSource, S3Source, has_glob, parse_sources
 from .formats import ByteSource
 from .formats.parquet import (
     decode_row_group,
@@ -252,8 +252,9 @@ def stream(
 ) -> LeRobotStream:
     """A lazy stream of the items of a LeRobot dataset; nothing is read until iteration.
 
-    ``repo`` is ``hf://datasets/ORG/NAME[@REVISION]``, a local dataset folder, or the
-    ``LeRobotMetadata`` of one, loaded before (then no API request is made).
+    ``repo`` is ``hf://datasets/ORG/NAME[@REVISION]``, an ``s3://BUCKET/PREFIX/`` folder
+    (listed once), a local dataset folder, or the ``LeRobotMetadata`` of one, loaded
+    before (then no API request is made).
     ``episodes`` selects episodes by ``episode_index``; ``split`` picks the episode
     range that ``meta/info.json`` gives it (``"train": "0:50"``; None for every
     episode). ``batch_items`` items share one frame request per video file.
@@ -280,7 +281,16 @@ def stream(
     )
 
 
-def _parse_repo(repo: object) -> HubSource | Path:
+def _parse_repo(repo: object) -> HubSource | S3Source | Path:
+    if isinstance(repo, str) and repo.startswith("s3://"):
+        sources = parse_sources(repo)
+        bucket = sources[0] if len(sources) == 1 else None
+        if not isinstance(bucket, S3Source) or has_glob(bucket.key):
+            raise SourceError(
+                f"{repo!r} is not one LeRobot dataset: give its folder, s3://BUCKET/PREFIX/"
+            )
+        folder = bucket.key.strip("/")
+        return S3Source(bucket.bucket, f"{folder}/" if folder else "")
     if isinstance(repo, str) and repo.startswith("hf://"):
         sources = parse_sources(repo)
         found = sources[0] if len(sources) == 1 else None
@@ -296,8 +306,8 @@ def _parse_repo(repo: object) -> HubSource | Path:
     text = os.fspath(repo)
     if re.match(r"^[a-zA-Z][a-zA-Z0-9+.-]*://", text):
         raise SourceError(
-            f"cannot read {text!r} as a LeRobot dataset: give hf://datasets/ORG/NAME[@REVISION] "
-            "or a local folder"
+            f"cannot read {text!r} as a LeRobot dataset: give hf://datasets/ORG/NAME[@REVISION], "
+            "s3://BUCKET/PREFIX/ or a local folder"
         )
     path = Path(text).expanduser()
     if path.is_dir():
@@ -390,7 +400,7 @@ class LeRobotStream(Engine["_Batch"]):
         if split is not None and not isinstance(split, str):
             raise SourceError(f"split={split!r}: give a split name or None")
         self._meta: LeRobotMetadata | None = None
-        self._source: HubSource | Path | None = None
+        self._source: HubSource | S3Source | Path | None = None
         if isinstance(repo, LeRobotMetadata):
             self._meta = repo  # loaded elsewhere (e.g. in a DataLoader's parent process)
             if endpoint is None:
@@ -555,6 +565,8 @@ class LeRobotStream(Engine["_Batch"]):
         assert self._source is not None  # no metadata given: the stream has a source
         if isinstance(self._source, Path):
             return await anyio.to_thread.run_sync(_local_root, self._source)
+        if isinstance(self._source, S3Source):
+            return await _s3_root(self._source, resolver)
         return await _hub_root(self._source, resolver, self._token, self._endpoint)
 
     async def _loaded_units(self, resume: Mapping[str, Any] | None) -> AsyncGenerator[_Batch, None]:
@@ -862,6 +874,13 @@ def _local_root(path: Path) -> _Root:
             rel = full.relative_to(path).as_posix()
             files[rel] = FileRef(full.as_uri(), str(full), size=full.stat().st_size)
     return _Root(label=str(path), files=files)
+
+
+async def _s3_root(folder: S3Source, resolver: Resolver) -> _Root:
+    """Every object of the dataset's folder, with sizes and ETags, from one listing."""
+    manifest = await resolver.resolve(folder.uri)
+    files = {f.path[len(folder.uri) :]: f for f in manifest.files}
+    return _Root(label=folder.uri, files=files)
 
 
 async def _hub_root(

@@ -68,6 +68,7 @@ from ._exceptions import (
     SourceError,
 )
 from ._models import FileRef
+from ._sources import S3Source, has_glob, parse_sources
 from .formats import ByteSource, StreamSource
 from .formats._arrivals import Arrivals, Span, Unfinished, merge_spans
 from .formats._mp4 import (
@@ -91,7 +92,7 @@ _HOP_REACH = 16 * 1024 * 1024  # a read towards moov goes on to the tail read wh
 __all__ = ["Frames", "VideoReader", "VideoSource", "VideoStatistics", "open"]
 
 VideoSource: TypeAlias = "str | os.PathLike[str] | FileRef"
-"""What ``open`` reads: an http(s) or file:// URL, a local path, or a FileRef."""
+"""What ``open`` reads: an http(s), ``s3://`` or file:// URL, a local path, or a FileRef."""
 
 #: FFmpeg codec name -> the decoders to use, best first (the one ``av.open`` would pick).
 _DECODERS: dict[str, tuple[str, ...]] = {
@@ -169,12 +170,14 @@ def open(
 ) -> VideoReader:
     """A reader of one video file: use it as ``async with video.open(source) as reader``.
 
-    ``source`` is an http(s) URL, a ``file://`` URL, a local path or a ``FileRef``.
-    ``fetcher`` is any ``ByteSource`` (a ``RangeFetcher``, shared by many readers);
-    without one the reader creates a ``RangeFetcher(options, token=token)`` over the
-    event loop's shared ``HubClient`` (one connection pool with every stream of the
-    loop) and closes it with itself. Opening reads the file's index; a file that is not a video, or
-    whose codec PyAV cannot decode, raises ``DecodeError``.
+    ``source`` is an http(s) URL, an ``s3://BUCKET/KEY`` object (its size and ETag come
+    from one listing request, reached with ``options``' ``s3_*`` settings), a ``file://``
+    URL, a local path or a ``FileRef``. ``fetcher`` is any ``ByteSource`` (a
+    ``RangeFetcher``, shared by many readers); without one the reader creates a
+    ``RangeFetcher(options, token=token)`` over the event loop's shared ``HubClient`` (one
+    connection pool with every stream of the loop) and closes it with itself. Opening
+    reads the file's index; a file that is not a video, or whose codec PyAV cannot decode,
+    raises ``DecodeError``.
     """
     return VideoReader(_file_ref(source), fetcher=fetcher, options=options, token=token)
 
@@ -231,6 +234,8 @@ class VideoReader:
                 self._source = await self._owned.enter_async_context(
                     RangeFetcher(options, token=self._token, client=hub)
                 )
+            if self.file.url.startswith("s3://"):
+                self.file = await _listed(self.file.url, self._options)
             self._index = await _load(self.file, self._source, self._stats)
         except BaseException:
             await self.aclose()
@@ -570,19 +575,39 @@ def _file_ref(source: VideoSource) -> FileRef:
         scheme = urllib.parse.urlsplit(source).scheme.lower()
         if scheme in ("http", "https"):
             return FileRef(source, source)
+        if scheme == "s3":
+            found = parse_sources(source)
+            src = found[0] if len(found) == 1 else None
+            if not isinstance(src, S3Source) or has_glob(src.key) or src.key.endswith("/"):
+                raise SourceError(
+                    f"cannot open {source!r} as a video: name one object, s3://BUCKET/KEY"
+                )
+            return FileRef(src.uri, src.uri)  # its URL, size and ETag: at aopen()
         if scheme == "file":
             return _local_ref(Path(urllib.request.url2pathname(urllib.parse.urlsplit(source).path)))
         if len(scheme) > 1:
             raise SourceError(
-                f"cannot open {source!r} as a video: give an http(s) URL, a file:// URL, "
-                "a local path or a FileRef"
+                f"cannot open {source!r} as a video: give an http(s) or s3:// URL, "
+                "a file:// URL, a local path or a FileRef"
             )
     elif not isinstance(source, os.PathLike):
         raise SourceError(
-            f"cannot open {source!r} as a video: give an http(s) URL, a file:// URL, "
-            "a local path or a FileRef"
+            f"cannot open {source!r} as a video: give an http(s) or s3:// URL, "
+            "a file:// URL, a local path or a FileRef"
         )
     return _local_ref(Path(os.fspath(source)).expanduser())
+
+
+async def _listed(uri: str, options: StreamOptions | None) -> FileRef:
+    """The ``FileRef`` of one S3 object (URL, size, ETag), from its listing."""
+    from ._client import use_client
+    from ._resolver import Resolver
+
+    async with use_client() as hub, Resolver(options=options, client=hub) as resolver:
+        manifest = await resolver.resolve(uri)
+    if len(manifest.files) != 1 or manifest.files[0].path != uri:
+        raise SourceError(f"cannot open {uri!r} as a video: it is a folder, not one object")
+    return manifest.files[0]
 
 
 def _local_ref(path: Path) -> FileRef:

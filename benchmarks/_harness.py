@@ -8,11 +8,14 @@ imported as ``_harness`` from the folder the script lies in.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
+import json
 import os
 import platform
 import resource
 import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Iterable
@@ -31,6 +34,7 @@ __all__ = [
     "process_usage",
     "quiet_parameters",
     "rotations",
+    "run_worker",
     "server_process",
     "vm_hwm",
     "wait_for_idle",
@@ -225,3 +229,47 @@ def rotations(contenders: list[str], rounds: int) -> list[list[str]]:
     """The contenders' order in each round, rotated by one per round (A B, B A, ...)."""
     n = len(contenders)
     return [contenders[r % n :] + contenders[: r % n] for r in range(rounds)]
+
+
+def run_worker(
+    script: Path,
+    spec: dict[str, Any],
+    env: dict[str, str],
+    log_path: Path,
+    *,
+    timeout: float = 1800.0,
+) -> tuple[int, float, int]:
+    """Run ``python script --worker SPEC`` (one contender), its output into ``log_path``,
+    polling the RSS of its process tree every 50 ms; (exit status, wall seconds, peak RSS
+    of the tree). A worker past ``timeout`` is killed (RuntimeError); an interrupted
+    wait kills it too."""
+    import psutil
+
+    started = time.perf_counter()
+    with log_path.open("w") as log:
+        proc = subprocess.Popen(
+            [sys.executable, str(script), "--worker", json.dumps(spec)],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+        )
+        peak_tree = 0
+        try:
+            ps = psutil.Process(proc.pid)
+            while proc.poll() is None:
+                total = 0
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    for p in [ps, *ps.children(recursive=True)]:
+                        with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
+                            total += p.memory_info().rss
+                peak_tree = max(peak_tree, total)
+                if time.perf_counter() - started > timeout:
+                    proc.kill()
+                    raise RuntimeError(f"{spec.get('contender')} timed out after {timeout:.0f} s")
+                time.sleep(0.05)
+        finally:
+            if proc.poll() is None:  # interrupted: do not leave the worker running
+                proc.kill()
+            proc.wait()
+    return proc.returncode, time.perf_counter() - started, peak_tree

@@ -32,6 +32,7 @@ SCRIPTS = {
     "video": "benchmarks/video_bench.py",
     "startup": "benchmarks/startup_bench.py",
     "ray": "benchmarks/ray_bench.py",
+    "s3": "benchmarks/s3_bench.py",
 }
 DEFAULT_DOCS = ROOT / "docs" / "benchmarks.md"
 DEFAULT_IMG_DIR = ROOT / "docs" / "img"

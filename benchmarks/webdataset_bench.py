@@ -186,7 +186,7 @@ def _ensure_shards(data_dir: Path, params: dict[str, Any]) -> dict[str, Any]:
             (repo_dir / f["path"]).is_file() and (repo_dir / f["path"]).stat().st_size == f["size"]
             for f in stamp["files"]
         ):
-            return stamp
+            return {**stamp, "root": str(root)}  # where it is now (the folder may have moved)
     print(f"generating {params['shards']} shards {params} under {root} ...", flush=True)
     started = time.perf_counter()
     shutil.rmtree(root, ignore_errors=True)
@@ -251,7 +251,6 @@ def _run_contender(
 
     First waits (a bounded time) until the rest of the shared machine is quiet.
     """
-    import psutil
 
     waited, busy_before = _harness.wait_for_idle(*idle)
     machine_busy = _harness.machine_busy_seconds()
@@ -270,39 +269,16 @@ def _run_contender(
         server = _harness.server_process(hub)
         server_cpu = _harness.cpu_seconds(server)
         log_path = log_dir / f"{tag}-{contender}.log"
-        started = time.perf_counter()
         env = dict(os.environ, PYTHONUNBUFFERED="1", HF_HUB_DISABLE_TELEMETRY="1")
-        with log_path.open("w") as log:
-            proc = subprocess.Popen(
-                [sys.executable, str(Path(__file__).resolve()), "--worker", json.dumps(spec)],
-                env=env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-            )
-            peak_tree = 0
-            try:
-                ps = psutil.Process(proc.pid)
-                while proc.poll() is None:
-                    total = 0
-                    with contextlib.suppress(psutil.NoSuchProcess):
-                        for p in [ps, *ps.children(recursive=True)]:
-                            with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
-                                total += p.memory_info().rss
-                    peak_tree = max(peak_tree, total)
-                    if time.perf_counter() - started > 1800:
-                        proc.kill()
-                        raise RuntimeError(f"{contender} timed out")
-                    time.sleep(0.05)
-            finally:
-                proc.wait()
-        wall = time.perf_counter() - started
+        returncode, wall, peak_tree = _harness.run_worker(
+            Path(__file__).resolve(), spec, env, log_path
+        )
         server_cpu = _harness.cpu_seconds(server) - server_cpu
         machine_busy = _harness.machine_busy_seconds() - machine_busy
         stats = hub.stats().to_json()
-        if proc.returncode != 0:
+        if returncode != 0:
             raise RuntimeError(
-                f"{contender} exited with {proc.returncode}:\n{log_path.read_text()[-3000:]}"
+                f"{contender} exited with {returncode}:\n{log_path.read_text()[-3000:]}"
             )
         result: dict[str, Any] = json.loads(Path(spec["result_path"]).read_text())
         if result["samples"] != stamp["samples"]:

@@ -1,8 +1,12 @@
 from __future__ import annotations
 
+import json
 import os
 import socket
 from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -50,3 +54,102 @@ def _no_internet(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 
     monkeypatch.setattr(socket.socket, "connect", guarded)
     return
+
+
+# -- an S3-compatible store: moto's server over loopback, for every test that needs one ------
+
+
+@dataclass
+class S3Store:
+    """moto's S3 server (``aiostream_hf.testing._moto.MotoS3``) with IAM users made for the
+    tests, signatures required. ``admin`` may do anything (the tests put their buckets and
+    objects with it, through boto3); ``reader`` may read every bucket; ``outsider`` may
+    read only buckets named ``elsewhere*``."""
+
+    server: Any
+    admin: dict[str, str]
+    reader: dict[str, str]
+    outsider: dict[str, str]
+
+    @property
+    def endpoint(self) -> str:
+        return str(self.server.endpoint)
+
+    def boto3(self) -> Any:
+        """An admin boto3 S3 client, for putting buckets and objects."""
+        import boto3
+
+        return boto3.client("s3", endpoint_url=self.endpoint, region_name="us-east-1", **self.admin)
+
+    def variables(self, folder: Path, creds: dict[str, str] | None) -> dict[str, str]:
+        """The AWS variables of a shell for this store with ``creds`` (None: without
+        credentials); no AWS config, credentials file or instance role of the user's."""
+        found = {
+            "AWS_ENDPOINT_URL": self.endpoint,
+            "AWS_REGION": "us-east-1",
+            "AWS_CONFIG_FILE": str(folder / "no-aws-config"),
+            "AWS_SHARED_CREDENTIALS_FILE": str(folder / "no-aws-credentials"),
+            "AWS_EC2_METADATA_DISABLED": "true",
+        }
+        if creds is not None:
+            found["AWS_ACCESS_KEY_ID"] = creds["aws_access_key_id"]
+            found["AWS_SECRET_ACCESS_KEY"] = creds["aws_secret_access_key"]
+        return found
+
+    def env(
+        self, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, creds: dict[str, str] | None
+    ) -> None:
+        """This process's AWS variables set to ``variables`` (and no others), with a
+        fresh resolution cache."""
+        for name in list(os.environ):
+            if name.startswith("AWS_"):
+                monkeypatch.delenv(name)
+        for name, value in self.variables(tmp_path, creds).items():
+            monkeypatch.setenv(name, value)
+        monkeypatch.setenv("AIOSTREAM_HF_CACHE", str(tmp_path / "aiostream-cache"))
+
+    def put_folder(self, bucket: str, folder: Path, prefix: str = "") -> None:
+        """Every file below ``folder`` as an object of ``bucket`` (made if new), keyed by
+        ``prefix`` and its path relative to ``folder``."""
+        client = self.boto3()
+        if bucket not in {b["Name"] for b in client.list_buckets()["Buckets"]}:
+            client.create_bucket(Bucket=bucket)
+        for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+            client.upload_file(str(path), bucket, prefix + path.relative_to(folder).as_posix())
+
+
+def _iam_user(iam: Any, name: str, resources: list[str], actions: list[str]) -> dict[str, str]:
+    policy = {
+        "Version": "2012-10-17",
+        "Statement": [{"Effect": "Allow", "Action": actions, "Resource": resources}],
+    }
+    iam.create_user(UserName=name)
+    iam.put_user_policy(UserName=name, PolicyName="p", PolicyDocument=json.dumps(policy))
+    key = iam.create_access_key(UserName=name)["AccessKey"]
+    return {
+        "aws_access_key_id": key["AccessKeyId"],
+        "aws_secret_access_key": key["SecretAccessKey"],
+    }
+
+
+@pytest.fixture(scope="session")
+def s3_store() -> Iterator[S3Store]:
+    import boto3
+
+    from aiostream_hf.testing._moto import MotoS3
+
+    with MotoS3() as server:
+        iam = boto3.client(
+            "iam",
+            endpoint_url=server.endpoint,
+            region_name="us-east-1",
+            aws_access_key_id="bootstrap",
+            aws_secret_access_key="bootstrap",
+        )
+        admin = _iam_user(iam, "admin", ["*"], ["*"])
+        reader = _iam_user(iam, "reader", ["*"], ["s3:GetObject", "s3:ListBucket"])
+        outsider = _iam_user(
+            iam, "outsider", ["arn:aws:s3:::elsewhere*"], ["s3:GetObject", "s3:ListBucket"]
+        )
+        server.require_signatures(True)
+        yield S3Store(server, admin, reader, outsider)

@@ -23,7 +23,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
 RUN_ALL = ROOT / "benchmarks" / "run_all"
-NAMES = ["parquet", "webdataset", "video", "startup", "ray"]
+NAMES = ["parquet", "webdataset", "video", "startup", "ray", "s3"]
 
 
 def _load_report() -> ModuleType:
@@ -111,7 +111,7 @@ def _expected_metric(name: str, workload: str) -> tuple[str, bool]:
     """(summary key, higher is better) each workload's chart must show."""
     if name in ("parquet", "ray"):
         return "rows_per_s", True
-    if name == "webdataset":
+    if name in ("webdataset", "s3"):
         return "samples_per_s", True
     if name == "video":
         return ("seconds", False) if workload.startswith("frames") else ("items_per_s", True)
@@ -254,6 +254,7 @@ def test_run_all_dry_run_lists_every_benchmark_then_the_report() -> None:
         "video: PY benchmarks/video_bench.py",
         "startup: PY benchmarks/startup_bench.py",
         "ray: PY benchmarks/ray_bench.py",
+        "s3: PY benchmarks/s3_bench.py",
         "report: PY benchmarks/report.py",
     ]
 
@@ -274,7 +275,7 @@ def test_run_all_rejects_an_unknown_name() -> None:
     proc = _run_all("--dry-run", "--only", "parquet,parqet")
     assert proc.returncode != 0
     assert "unknown benchmark 'parqet'" in proc.stderr
-    assert "parquet,webdataset,video,startup,ray" in proc.stderr
+    assert "parquet,webdataset,video,startup,ray,s3" in proc.stderr
     assert proc.stdout == ""
 
 

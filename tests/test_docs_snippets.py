@@ -10,7 +10,9 @@ real datasets, made small), and the WebDataset shards and the video that the
 snippets fetch from the placeholder hosts ``https://example.com/`` and
 ``https://host/``. Those two hosts are the only text the test changes: it maps
 them to the local server's ``/resolve/`` URLs of the same paths (the counterpart,
-for URL sources, of adding ``endpoint=``).
+for URL sources, of adding ``endpoint=``). A block that names an ``s3://`` source runs
+with the ``AWS_*`` variables of moto's S3 server (the ``s3_store`` fixture), whose
+bucket ``my-bucket`` holds the objects the snippets read.
 
 Blocks with top-level ``await``/``async with``/``async for`` run as an async REPL
 runs them (``python -m asyncio``, Jupyter): compiled with top-level await allowed
@@ -29,6 +31,7 @@ import textwrap
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -189,6 +192,40 @@ def hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HubServer]:
         yield server
 
 
+@pytest.fixture(scope="module")
+def s3_env(s3_store: Any, tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """Bucket ``my-bucket`` with the objects of docs/object-stores.md, and the variables
+    of a shell with the reader's credentials (none of the user's own AWS config)."""
+    root = tmp_path_factory.mktemp("s3-docs")
+    data = root / "data"
+    make_webdataset_shards(data / "shards", shards=10, samples_per_shard=2, width=16, height=16)
+    for i in range(2):
+        make_text_parquet(
+            data / f"text/part-{i}.parquet",
+            rows=20,
+            seed=i,
+            min_text=20,
+            max_text=80,
+            start_id=20 * i,
+        )
+    make_video(data / "videos/episode_000000.mp4", frames=90, fps=30, width=64, height=48)
+    robot = make_lerobot_dataset(
+        root / "lerobot",
+        "lerobot/pusht",
+        episodes=(8, 10),
+        fps=10,
+        width=32,
+        height=32,
+        cameras=("observation.image",),
+        state_dim=2,
+        action_dim=2,
+        codec="h264",
+    )
+    s3_store.put_folder("my-bucket", root / "data")
+    s3_store.put_folder("my-bucket", robot.path, prefix="robots/pusht/")
+    return s3_store.variables(root, s3_store.reader)
+
+
 def localize(code: str, hub: HubServer) -> str:
     """The snippet with its placeholder hosts mapped to the local server."""
     for prefix, repo in PLACEHOLDER_HOSTS.items():
@@ -233,14 +270,18 @@ _RUNNER = textwrap.dedent(
 )
 
 
-def run_snippet(code: str, cwd: Path, hub: HubServer) -> subprocess.CompletedProcess[str]:
+def run_snippet(
+    code: str, cwd: Path, hub: HubServer, extra_env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     script = cwd / "snippet.py"
     script.write_text(code, encoding="utf-8")
     env = {
         k: v
         for k, v in os.environ.items()
         if k not in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "RANK", "WORLD_SIZE", "LOCAL_RANK")
+        and not k.startswith("AWS_")
     }
+    env.update(extra_env or {})
     env.update(
         HF_ENDPOINT=hub.endpoint,
         HF_HUB_DISABLE_IMPLICIT_TOKEN="1",
@@ -262,8 +303,11 @@ def run_snippet(code: str, cwd: Path, hub: HubServer) -> subprocess.CompletedPro
 
 
 @pytest.mark.parametrize("block", _params())
-def test_snippet_runs(block: Block, hub: HubServer, tmp_path: Path) -> None:
-    proc = run_snippet(localize(block.code, hub), tmp_path, hub)
+def test_snippet_runs(
+    block: Block, hub: HubServer, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    extra = request.getfixturevalue("s3_env") if "s3://" in block.code else None
+    proc = run_snippet(localize(block.code, hub), tmp_path, hub, extra)
     assert proc.returncode == 0, (
         f"{block.id}: the snippet failed (exit {proc.returncode}); fix it, or mark it with "
         f"<!-- snippet: not run (why) --> if it cannot run\n--- snippet\n{block.code}"

@@ -219,3 +219,41 @@ def test_without_ray_the_package_imports_and_aiostream_hf_ray_names_the_extra() 
     assert first == "False"
     assert second.startswith("aiostream_hf.ray needs Ray Data, which cannot be imported (")
     assert second.endswith("): pip install 'aiostream-hf[ray]'")
+
+
+# -- without the s3 extra (botocore) ----------------------------------------------------
+
+WITHOUT_BOTOCORE = """
+import sys
+sys.modules["botocore"] = None  # as if the s3 extra were not installed
+import aiostream_hf as ash
+from aiostream_hf import lerobot, video
+
+for make in (
+    lambda: ash.stream("s3://bucket/shards/train-{000..009}.tar"),
+    lambda: video.open("s3://bucket/clip.mp4"),
+    lambda: lerobot.stream("s3://bucket/robot/"),
+):
+    try:
+        make()
+    except ash.SourceError as exc:
+        print(exc)
+    else:
+        print("accepted")
+ash.stream("https://example.invalid/train-{000..009}.tar")  # other sources need nothing
+print("https: fine")
+"""
+
+NO_BOTOCORE = (
+    "s3:// sources need botocore (request signing, AWS credentials), which is not "
+    "installed: pip install 'aiostream-hf[s3]'"
+)
+
+
+def test_without_botocore_an_s3_source_names_the_extra_when_the_stream_is_made() -> None:
+    assert "botocore" in installs("s3"), REINSTALL
+    assert "botocore" not in installs()
+    assert {"botocore", "moto", "boto3"} <= installs("test"), REINSTALL
+    proc = run_python(WITHOUT_BOTOCORE)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == [NO_BOTOCORE] * 3 + ["https: fine"]

@@ -18,6 +18,7 @@ from aiostream_hf._sources import (
     MAX_BRACE_EXPANSION,
     HubSource,
     LocalSource,
+    S3Source,
     UrlSource,
     expand_braces,
     has_glob,
@@ -575,9 +576,9 @@ def test_empty_list_fails(source: list[str] | tuple[str, ...]) -> None:
 
 
 def test_bad_item_in_a_list_fails_naming_it() -> None:
-    with pytest.raises(SourceError, match="unsupported scheme 's3://'") as info:
-        parse_sources(["https://h/a", "s3://bucket/key"])
-    assert "'s3://bucket/key'" in str(info.value)
+    with pytest.raises(SourceError, match="unsupported scheme 'gs://'") as info:
+        parse_sources(["https://h/a", "gs://bucket/key"])
+    assert "'gs://bucket/key'" in str(info.value)
     assert ACCEPTED in str(info.value)
 
 
@@ -594,8 +595,13 @@ def test_nested_list_fails() -> None:
 @pytest.mark.parametrize(
     ("source", "problem"),
     [
-        ("s3://bucket/key", "unsupported scheme 's3://'"),
         ("gs://bucket/key", "unsupported scheme 'gs://'"),
+        ("s3://", "names no bucket"),
+        ("s3:///key", "names no bucket"),
+        ("s3://-bucket/key", "is not a bucket name"),
+        ("s3://bu cket/key", "is not a bucket name"),
+        ("s3://bucket/a\nb", "the key has a control character"),
+        ("s3://bucket/" + "k" * 1025, "longer than S3's 1024 bytes"),
         ("ftp://host/file", "unsupported scheme 'ftp://'"),
         ("", "empty source string"),
         (None, "must be a string or a path, not NoneType"),
@@ -608,11 +614,23 @@ def test_unsupported_sources_fail(source: object, problem: str) -> None:
     assert_source_error(source, re.escape(problem))
 
 
+def test_s3_sources_keep_their_keys_as_written_and_expand_braces() -> None:
+    assert parse_sources("s3://my-bucket") == [S3Source("my-bucket", "")]
+    assert parse_sources("s3://my-bucket/data/") == [S3Source("my-bucket", "data/")]
+    assert parse_sources("s3://b.k_1/a b/c%20d+e.tar") == [S3Source("b.k_1", "a b/c%20d+e.tar")]
+    assert parse_sources("s3://bkt/x/**/*.parquet") == [S3Source("bkt", "x/**/*.parquet")]
+    assert parse_sources("s3://bkt/train-{000..002}.tar") == [
+        S3Source("bkt", f"train-{i:03d}.tar") for i in range(3)
+    ]
+    assert S3Source("bkt", "a/b.tar").uri == "s3://bkt/a/b.tar"
+
+
 def test_all_is_the_public_surface() -> None:
     assert set(_sources.__all__) == {
         "MAX_BRACE_EXPANSION",
         "HubSource",
         "LocalSource",
+        "S3Source",
         "Source",
         "UrlSource",
         "expand_braces",

@@ -291,8 +291,8 @@ async def test_clear_errors_for_bad_input(root: Path, tmp_path: Path) -> None:
             await _collect(ash.stream("hf://datasets/org/private", **kw))
         with pytest.raises(ash.DecodeError, match="data/train.parquet"):
             await _collect(ash.stream("hf://datasets/org/notparquet", **kw))
-        with pytest.raises(ash.SourceError, match="s3://"):
-            ash.stream("s3://bucket/x.parquet")
+        with pytest.raises(ash.SourceError, match="gs://"):
+            ash.stream("gs://bucket/x.parquet")
         with pytest.raises(ash.SourceError, match="batch_size"):
             ash.stream("hf://datasets/org/split-naming", batch_size=0)
         hub.set_faults(error_every=1, targets=("cdn",))

@@ -1100,8 +1100,10 @@ async def test_reader_lifecycle(videos: Videos) -> None:
 def test_bad_sources(tmp_path: Path) -> None:
     with pytest.raises(SourceError, match="no video file"):
         video.open(tmp_path / "missing.mp4")
-    with pytest.raises(SourceError, match="http"):
-        video.open("s3://bucket/clip.mp4")
+    with pytest.raises(SourceError, match=r"give an http\(s\) or s3:// URL"):
+        video.open("gs://bucket/clip.mp4")
+    with pytest.raises(SourceError, match="name one object"):
+        video.open("s3://bucket/videos/")
     (tmp_path / "x.mp4").write_bytes(b"1234")
     for source in ((tmp_path / "x.mp4").as_uri(), str(tmp_path / "x.mp4"), tmp_path / "x.mp4"):
         reader = video.open(source)

@@ -231,15 +231,7 @@ class HubServer:
             self._server.should_exit = True
             self._thread.join(timeout=10)
         if self._process is not None:
-            self._process.terminate()
-            try:
-                self._process.wait(timeout=10)
-            except sp.TimeoutExpired:
-                self._process.kill()
-                self._process.wait()
-            for pipe in (self._process.stdin, self._process.stdout):
-                if pipe is not None:
-                    pipe.close()
+            stop_process(self._process)
 
     def __enter__(self) -> HubServer:
         self.start()
@@ -319,7 +311,20 @@ class HubServer:
         )
 
 
-def _wait_for_eof(stop: threading.Event) -> None:
+def stop_process(process: sp.Popen[str]) -> None:
+    """End a server subprocess: SIGTERM, then SIGKILL after 10 s; close its pipes."""
+    process.terminate()
+    try:
+        process.wait(timeout=10)
+    except sp.TimeoutExpired:
+        process.kill()
+        process.wait()
+    for pipe in (process.stdin, process.stdout):
+        if pipe is not None:
+            pipe.close()
+
+
+def wait_for_eof(stop: threading.Event) -> None:
     """Set ``stop`` when stdin ends: the parent that holds its other end has gone
     (even killed, with no chance to terminate this child)."""
     # The raw descriptor, not sys.stdin: a daemon thread blocked in a buffered read
@@ -358,7 +363,7 @@ def serve_forever(config: Mapping[str, Any], *, ready: Any = None) -> None:
 
             signal.signal(signal.SIGTERM, lambda *_: stop.set())
             if config.get("exit_with_parent"):
-                threading.Thread(target=_wait_for_eof, args=(stop,), daemon=True).start()
+                threading.Thread(target=wait_for_eof, args=(stop,), daemon=True).start()
             stop.wait()
         except KeyboardInterrupt:
             pass
