@@ -27,8 +27,9 @@ What runs where:
   fetched and row groups whose statistics exclude the filter are skipped.
 
 ``override_num_blocks`` follows Ray's rules: Ray asks the datasource for that many
-read tasks and splits the tasks' output blocks when it gets fewer (so ``ds.num_blocks()``
-is honoured). Row counts are unknown until read (the driver reads no footer).
+read tasks and splits the tasks' output blocks when it gets fewer, so the dataset
+still has about that many blocks. Row counts are unknown until read (the driver reads
+no footer).
 
 Errors: an error in a task reaches the caller of the consuming call (``take_all``,
 ``iter_batches``, ``materialize``, ``write_*``) as Ray raises it: a
@@ -266,7 +267,7 @@ class StreamDatasource(_Datasource):
         return "Aiostream"
 
     def estimate_inmemory_data_size(self) -> int | None:
-        """The bytes of the files on disk (decoded rows take more; a guess Ray refines)."""
+        """The bytes of the files on disk (decoded rows take more: an underestimate)."""
         return _Share(self.manifest.files).size
 
     def _tasks(self, parallelism: int, context: ray.data.DataContext) -> list[_Task]:
@@ -275,7 +276,14 @@ class StreamDatasource(_Datasource):
         )
         return [
             (
-                functools.partial(_read_share, self.manifest, share, self._read_kwargs),
+                # Each task carries its own files only, not the whole manifest.
+                functools.partial(
+                    _read_share,
+                    dataclasses.replace(self.manifest, files=share.files),
+                    share.rank,
+                    share.world_size,
+                    self._read_kwargs,
+                ),
                 BlockMetadata(
                     num_rows=None,
                     size_bytes=share.size,
@@ -287,10 +295,12 @@ class StreamDatasource(_Datasource):
         ]
 
 
-def _read_share(manifest: Manifest, share: _Share, kwargs: Mapping[str, Any]) -> Iterator[Block]:
-    """One read task: its files streamed by the engine, each RecordBatch a block."""
-    mine = dataclasses.replace(manifest, files=share.files)
-    s = stream(mine, output="arrow", rank=share.rank, world_size=share.world_size, **kwargs)
+def _read_share(
+    manifest: Manifest, rank: int, world_size: int, kwargs: Mapping[str, Any]
+) -> Iterator[Block]:
+    """One read task: the files of its manifest (every ``world_size``-th unit from
+    ``rank`` of them) streamed by the engine, each RecordBatch a block."""
+    s = stream(manifest, output="arrow", rank=rank, world_size=world_size, **kwargs)
     with s:
         for batch in s:
             yield pa.Table.from_batches([batch])
