@@ -5,7 +5,8 @@ name) go through httpx2's own pool; a ``GET`` with a ``Range`` header comes here
 body is read in large pieces (``read1``, up to ``_PIECE`` bytes) on a worker thread,
 which holds no GIL while it waits on the socket: the event loop receives no bytes
 itself, and each byte is copied once from the kernel instead of through asyncio's
-buffer, anyio's 64 KiB slices and h11's buffer (docs/benchmarks.md: the effect).
+buffer, anyio's 64 KiB slices and h11's buffer. End to end on remote Parquet it
+measured the same as httpx2's pool (docs/design.md, benchmarks/transport_ab.py).
 
 Everything above the transport is unchanged: the HubClient's gates, retries, deadlines,
 validators and statistics see an ``httpx2.Response`` as from any transport; urllib3's
