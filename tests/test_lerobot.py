@@ -413,10 +413,13 @@ async def test_reads_each_index_once_and_reuses_decoders(
     assert stats.items == len(items) == layout.total_frames
     assert stats.videos_opened == len(video_files) == 4
     assert stats.video["index_requests"] <= 2 * len(video_files)
-    assert stats.video["decoder_reuses"] > stats.video["decoder_starts"]
     assert stats.data_files == 3
     # one frame request per video file and batch, at most
     batches = -(-layout.total_frames // 8)
+    # Decoders are reused: without reuse, every batch of every camera would start one.
+    # (How many are reused depends on how the batches' decodes overlap in time.)
+    assert stats.video["decoder_reuses"] > 0
+    assert stats.video["decoder_starts"] < batches * len(layout.video_keys)
     assert stats.video["frame_requests"] <= batches * len(layout.video_keys) + len(video_files)
     cdn = after.by_bucket.get("cdn", 0) - before.by_bucket.get("cdn", 0)
     requests = stats.fetcher["requests"]
