@@ -33,6 +33,7 @@ __all__ = [
     "median",
     "process_usage",
     "quiet_parameters",
+    "ratio_entry",
     "rotations",
     "run_worker",
     "server_process",
@@ -273,3 +274,21 @@ def run_worker(
                 proc.kill()
             proc.wait()
     return proc.returncode, time.perf_counter() - started, peak_tree
+
+
+def ratio_entry(
+    workload: str, num: str, den: str, target: float, per_round: list[float]
+) -> dict[str, Any]:
+    """One ratio of a results JSON (num over den, a higher value the better one): its
+    per-round values, median, min-max and whether the median meets ``target``."""
+    med = median(per_round)
+    return {
+        "workload": workload,
+        "ratio": f"{num} / {den}",
+        "target": target,
+        "median": med,
+        "min": min(per_round),
+        "max": max(per_round),
+        "per_round": per_round,
+        "met": med >= target,
+    }

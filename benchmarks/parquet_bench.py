@@ -32,11 +32,9 @@ with ``--quick``).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -432,7 +430,6 @@ def _run_contender(
     ``idle`` = (max busy CPUs, max wait s): first wait until the rest of the
     machine is that quiet (shared machines), for at most that long.
     """
-    import psutil
 
     waited, busy_at_start = _harness.wait_for_idle(*idle) if idle else (0.0, float("nan"))
 
@@ -456,44 +453,20 @@ def _run_contender(
         load_before = os.getloadavg()
         machine_busy = _harness.machine_busy_seconds()
         log_path = log_dir / f"{tag}-{contender}.log"
-        started = time.perf_counter()
-        with log_path.open("w") as log:
-            proc = subprocess.Popen(
-                [sys.executable, str(Path(__file__).resolve()), "--worker", json.dumps(spec)],
-                env=_harness.worker_env(hub.endpoint, tmp),
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-            )
-            peak_tree = 0
-            try:
-                ps = psutil.Process(proc.pid)
-                while proc.poll() is None:
-                    try:
-                        procs = [ps, *ps.children(recursive=True)]
-                        total = 0
-                        for p in procs:
-                            with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
-                                total += p.memory_info().rss
-                        peak_tree = max(peak_tree, total)
-                    except psutil.NoSuchProcess:
-                        break
-                    if time.perf_counter() - started > timeout:
-                        proc.kill()
-                        raise RuntimeError(f"{contender} timed out after {timeout:.0f} s")
-                    time.sleep(0.05)
-            finally:
-                if proc.poll() is None:  # interrupted: do not leave the worker running
-                    proc.kill()
-                proc.wait()
-        wall = time.perf_counter() - started
+        returncode, wall, peak_tree = _harness.run_worker(
+            Path(__file__).resolve(),
+            spec,
+            _harness.worker_env(hub.endpoint, tmp),
+            log_path,
+            timeout=timeout,
+        )
         server_cpu = _harness.cpu_seconds(server) - server_cpu
         load_after = os.getloadavg()
         machine_busy = _harness.machine_busy_seconds() - machine_busy
         stats = hub.stats().to_json()
-        if proc.returncode != 0:
+        if returncode != 0:
             tail = log_path.read_text()[-3000:]
-            raise RuntimeError(f"{contender} exited with {proc.returncode}; log tail:\n{tail}")
+            raise RuntimeError(f"{contender} exited with {returncode}; log tail:\n{tail}")
         result = json.loads(Path(spec["result_path"]).read_text())
         if result["rows"] != stamp["rows"]:
             raise RuntimeError(
@@ -627,21 +600,8 @@ def _ratios(rounds_by_workload: dict[str, list[dict[str, dict[str, Any]]]]) -> l
             for r in rounds
             if num in r and (den in r or (den == FASTEST_LOCAL and _locals(r)))
         ]
-        if not per_round:
-            continue
-        med = _harness.median(per_round)
-        out.append(
-            {
-                "workload": workload,
-                "ratio": f"{num} / {den}",
-                "target": target,
-                "median": med,
-                "min": min(per_round),
-                "max": max(per_round),
-                "per_round": per_round,
-                "met": med >= target,
-            }
-        )
+        if per_round:
+            out.append(_harness.ratio_entry(workload, num, den, target, per_round))
     return out
 
 

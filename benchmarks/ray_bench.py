@@ -267,23 +267,16 @@ def _summarize(rounds: list[dict[str, dict[str, Any]]]) -> dict[str, dict[str, A
 
 
 def _ratios(rounds: list[dict[str, dict[str, Any]]]) -> list[dict[str, Any]]:
-    out = []
-    for workload, num, den, target in RATIOS:
-        per_round = [r[num]["rows_per_s"] / r[den]["rows_per_s"] for r in rounds]
-        med = _harness.median(per_round)
-        out.append(
-            {
-                "workload": workload,
-                "ratio": f"{num} / {den}",
-                "target": target,
-                "median": med,
-                "min": min(per_round),
-                "max": max(per_round),
-                "per_round": per_round,
-                "met": med >= target,
-            }
+    return [
+        _harness.ratio_entry(
+            workload,
+            num,
+            den,
+            target,
+            [r[num]["rows_per_s"] / r[den]["rows_per_s"] for r in rounds],
         )
-    return out
+        for workload, num, den, target in RATIOS
+    ]
 
 
 def main(argv: list[str] | None = None) -> int:

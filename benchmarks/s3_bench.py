@@ -224,31 +224,6 @@ def _run_contender(
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _summarize(rounds: list[dict[str, dict[str, Any]]]) -> dict[str, Any]:
-    summary: dict[str, Any] = {}
-    for contender in rounds[0]:
-        runs = [r[contender] for r in rounds]
-        rates = [r["samples_per_s"] for r in runs]
-        ttfs = [r["time_to_first_sample"] for r in runs if r["time_to_first_sample"] is not None]
-        summary[contender] = {
-            "samples_per_s": {
-                "median": statistics.median(rates),
-                "min": min(rates),
-                "max": max(rates),
-            },
-            "mb_per_s_median": statistics.median(r["mb_per_s"] for r in runs),
-            "time_to_first_sample_median": statistics.median(ttfs) if ttfs else None,
-            "requests_median": {
-                k: statistics.median(r["requests"].get(k, 0) for r in runs) for k in KINDS
-            },
-            "peak_rss_max": max(r["peak_rss"] for r in runs),
-            "cpu_seconds_median": statistics.median(r["cpu_user"] + r["cpu_system"] for r in runs),
-            "server_cpu_seconds_median": statistics.median(r["server_cpu_seconds"] for r in runs),
-            "other_cpu_seconds_median": statistics.median(r["other_cpu_seconds"] for r in runs),
-        }
-    return summary
-
-
 def _ratios(workload: str, rounds: list[dict[str, dict[str, Any]]]) -> list[dict[str, Any]]:
     out = []
     for num, den, target in RATIOS:
@@ -353,7 +328,7 @@ def main(argv: list[str] | None = None) -> int:
                 )
             if i > 0:  # round 0 is the warm-up
                 measured.append({c: got[c] for c in contenders})
-    summary = _summarize(measured)
+    summary = webdataset_bench._summarize(measured, KINDS)
     results["workloads"][workload] = {"summary": summary, "rounds": measured}
     results["ratios"] = ratios = _ratios(workload, measured)
     print(f"\n== {workload}")

@@ -311,7 +311,11 @@ def _run_contender(
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _summarize(rounds: list[dict[str, dict[str, Any]]]) -> dict[str, Any]:
+def _summarize(
+    rounds: list[dict[str, dict[str, Any]]], kinds: tuple[str, ...] = BUCKETS
+) -> dict[str, Any]:
+    """Per contender: medians and ranges over the rounds; request counts by ``kinds``
+    (the Hub server's buckets here; s3_bench passes its server's request kinds)."""
     summary: dict[str, Any] = {}
     for contender in rounds[0]:
         runs = [r[contender] for r in rounds]
@@ -326,14 +330,17 @@ def _summarize(rounds: list[dict[str, dict[str, Any]]]) -> dict[str, Any]:
             "mb_per_s_median": statistics.median(r["mb_per_s"] for r in runs),
             "time_to_first_sample_median": statistics.median(ttfs) if ttfs else None,
             "requests_median": {
-                b: statistics.median(r["requests"][b] for r in runs) for b in BUCKETS
+                k: statistics.median(r["requests"].get(k, 0) for r in runs) for k in kinds
             },
-            "read_amplification_median": statistics.median(r["read_amplification"] for r in runs),
             "peak_rss_max": max(r["peak_rss"] for r in runs),
             "cpu_seconds_median": statistics.median(r["cpu_user"] + r["cpu_system"] for r in runs),
             "server_cpu_seconds_median": statistics.median(r["server_cpu_seconds"] for r in runs),
             "other_cpu_seconds_median": statistics.median(r["other_cpu_seconds"] for r in runs),
         }
+        if all("read_amplification" in r for r in runs):  # the Hub server counts bytes
+            summary[contender]["read_amplification_median"] = statistics.median(
+                r["read_amplification"] for r in runs
+            )
     return summary
 
 
