@@ -52,7 +52,7 @@ from anyio.lowlevel import RunVar
 from .__version__ import __version__
 from ._exceptions import ClosedResourceError, RateLimitedError, SourceError, UnreachableError
 from ._retry import backoff_delay, retry_after
-from ._transport import SchemeTransport, tls_context
+from ._transport import ThreadedTransport, tls_context
 
 __all__ = [
     "MAX_SERVER_DELAY_S",
@@ -233,7 +233,7 @@ class HubClient:
             max_connections=max_connections, max_keepalive_connections=max_connections
         )
         self.http = httpx2.AsyncClient(
-            transport=SchemeTransport(limits) if transport is None else transport,
+            transport=ThreadedTransport(max_connections) if transport is None else transport,
             # Only proxies from the environment (HTTPS_PROXY...) use the client's `verify`.
             verify=tls_context() if urllib.request.getproxies() else True,
             follow_redirects=False,

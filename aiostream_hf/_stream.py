@@ -383,11 +383,15 @@ class Stream(Engine["tuple[_Tag, Any]"]):
                         after = file_seq + len(units) if unit is last else None
                         tag = _Tag(pos, unit.index, file_seq, skip, next_file_seq=after)
                         decoder = decoders[unit.file.url]
-                        run = partial(self._load, decoder, unit, fetcher, tag, sizes)
+                        run = partial(self._load, decoder, unit, fetcher, tag, sizes, decoding)
                         yield Job(sizes.reserve(unit), run, held=_held_bytes)
-                        await sizes.measured.wait()
+                        sizes.started += 1
+                        if sizes.started >= _UNMEASURED_UNITS:
+                            await sizes.measured.wait()
 
             sizes = _UnitSizes()
+            # Decodes beyond the cores only slow the one the consumer waits for.
+            decoding = anyio.CapacityLimiter(_cpu_count())
             plan_ahead = Prefetcher(plan_jobs(), max_count=opts.prefetch_count, max_bytes=1 << 62)
             async with plan_ahead:
                 loaded = self._read_ahead(unit_jobs(plan_ahead), opts)
@@ -475,11 +479,19 @@ class Stream(Engine["tuple[_Tag, Any]"]):
         return pos, await decoder.plan(file, source, self._request)
 
     async def _load(
-        self, decoder: Decoder[Any], unit: Unit, source: ByteSource, tag: _Tag, sizes: _UnitSizes
+        self,
+        decoder: Decoder[Any],
+        unit: Unit,
+        source: ByteSource,
+        tag: _Tag,
+        sizes: _UnitSizes,
+        decoding: anyio.CapacityLimiter,
     ) -> tuple[_Tag, Any]:
         try:
             fetched = await decoder.fetch(unit, source)
-            table = await anyio.to_thread.run_sync(self._decode, decoder, unit, fetched, tag)
+            table = await anyio.to_thread.run_sync(
+                self._decode, decoder, unit, fetched, tag, limiter=decoding
+            )
             sizes.learn(unit, _held_bytes((tag, table)))
             return tag, table
         finally:
@@ -621,19 +633,36 @@ class Stream(Engine["tuple[_Tag, Any]"]):
         return name
 
 
+#: Units that start before any unit is measured (see ``_UnitSizes``).
+_UNMEASURED_UNITS = 2
+
+
+def _cpu_count() -> int:
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
 class _UnitSizes:
     """What a unit will hold while it loads, learned from the units loaded so far.
 
     A unit's own estimate is its fetched bytes plus its decoder's guess of its
     decoded bytes, which can be far off (a dictionary-encoded column decodes to
     many times its size in the file). The readahead reserves the estimate
-    times the largest ratio of held to estimated bytes seen so far; until the
-    first unit is measured, the others wait, so no guess is taken on trust.
+    times the largest ratio of held to estimated bytes seen so far.
+
+    Until a unit is measured, ``_UNMEASURED_UNITS`` units start on their own
+    estimates, no more: the first, and the next one fetching while the first
+    decodes (a start is mostly waiting on the network). So at most one unit beyond
+    the first is held on a guess, and it is re-costed once decoded (the
+    Prefetcher's ``held``); every unit after waits for the measured ratio.
     """
 
     def __init__(self) -> None:
         self.ratio = 1.0
         self.measured = anyio.Event()
+        self.started = 0
 
     def reserve(self, unit: Unit) -> int:
         return int((unit.cost + unit.decoded) * self.ratio)

@@ -1,24 +1,46 @@
-"""The client's HTTP transport: range GETs on threads, TLS set up on first use.
+"""The client's HTTP transport: every request over urllib3, in worker threads.
 
-Byte-range GETs (the fetcher's reads) go to ``ThreadedRangeTransport`` (urllib3 in
-worker threads, ``_ranged``); every other request to httpx2's own pool, one per scheme.
+Each request is sent, and each body read in large pieces (``read1``, up to ``_PIECE``
+bytes), on a worker thread, which holds no GIL while it waits on the socket: the event
+loop receives no bytes itself, and each byte is copied once from the kernel instead of
+through asyncio's buffer, anyio's 64 KiB slices and h11's buffer. One transport for
+API calls, redirects and range reads alike: a process imports one HTTP stack, and its
+first request waits for no second one (httpx2's own pool, with httpcore2, h11 and an
+SSL context, cost ~50 ms before the first request of a fresh process).
 
-A TLS context that verifies certificates reads the CA bundle when it is made
-(~20 ms, in the event loop). A process that reads over plain HTTP (a local
-server, a plain-HTTP object store) never needs it, and one that does makes it
-once (``tls_context``), however many fetchers it opens.
+Everything above the transport is unchanged: the HubClient's gates, retries, deadlines,
+validators and statistics see an ``httpx2.Response`` as from any transport; urllib3's
+errors become the httpx2 errors the fetcher retries (``ReadTimeout``, ``ConnectError``,
+``RemoteProtocolError``...). urllib3 follows no redirect and retries nothing itself.
+Cancellation is never held up by a blocked read: the thread is abandoned and the
+socket shut down under it.
+
+A TLS context that verifies certificates reads the CA bundle when it is made (~20 ms):
+a process that reads over plain HTTP (a local server, a plain-HTTP object store) never
+makes it, and one that does makes it once (``tls_context``), however many clients it
+opens.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import ssl
+from collections.abc import AsyncIterator, Callable
+from typing import Any, TypeVar
 
+import anyio
+import anyio.to_thread
 import httpx2
+import urllib3
+import urllib3.exceptions
 
-from ._ranged import ThreadedRangeTransport
+__all__ = ["ThreadedTransport", "tls_context"]
 
-__all__ = ["SchemeTransport", "tls_context"]
+#: The most bytes one read of a body returns (what arrived by then, at least one byte).
+_PIECE = 1 << 20
+
+T = TypeVar("T")
 
 
 @functools.lru_cache(maxsize=1)
@@ -27,42 +49,154 @@ def tls_context() -> ssl.SSLContext:
     return httpx2.create_ssl_context()
 
 
-class SchemeTransport(httpx2.AsyncBaseTransport):
-    """Range GETs to the threaded transport; the rest to one pool per scheme, each made
-    on its scheme's first request.
+class ThreadedTransport(httpx2.AsyncBaseTransport):
+    """Requests over urllib3 pools (one per scheme, made on its first request), sent and
+    read in worker threads.
 
-    ``limits`` applies to each pool; the fetcher's own limiter bounds the total.
+    At most ``max_connections`` connections per host are kept, and as many threads
+    run at once; ``tls`` gives the verifying context for https, made on first use.
     """
 
-    def __init__(self, limits: httpx2.Limits) -> None:
-        self._limits = limits
-        self._pools: dict[str, httpx2.AsyncHTTPTransport] = {}
-        self._ranges = ThreadedRangeTransport(limits.max_connections or 16, tls_context)
+    def __init__(
+        self, max_connections: int, tls: Callable[[], ssl.SSLContext] = tls_context
+    ) -> None:
+        self._max_connections = max_connections
+        self._tls = tls
+        self._pools: dict[str, urllib3.PoolManager] = {}
+        self._threads = anyio.CapacityLimiter(max_connections)
         self._closed = False
 
-    def _pool(self, scheme: str) -> httpx2.AsyncHTTPTransport:
+    def _pool(self, scheme: str) -> urllib3.PoolManager:
         pool = self._pools.get(scheme)
         if pool is None:
             if self._closed:
                 raise RuntimeError("this transport is closed")
-            # Plain HTTP never uses its context: an unverifying one costs no CA bundle.
-            verify: ssl.SSLContext | bool = tls_context() if scheme == "https" else False
-            pool = httpx2.AsyncHTTPTransport(verify=verify, limits=self._limits)
+            extra: dict[str, Any] = {"ssl_context": self._tls()} if scheme == "https" else {}
+            pool = urllib3.PoolManager(
+                num_pools=64, maxsize=self._max_connections, block=False, **extra
+            )
             self._pools[scheme] = pool
         return pool
 
+    async def _run(self, request: httpx2.Request, fn: Callable[[], T]) -> T:
+        try:
+            return await anyio.to_thread.run_sync(
+                _mapped, request, fn, abandon_on_cancel=True, limiter=self._threads
+            )
+        except _Mapped as mapped:
+            raise mapped.error from mapped.__cause__
+
     async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
-        if self._ranges.handles(request):
-            if self._closed:
-                raise RuntimeError("this transport is closed")
-            return await self._ranges.handle_async_request(request)
-        return await self._pool(request.url.scheme).handle_async_request(request)
+        timeout = request.extensions.get("timeout", {})
+        pool = self._pool(request.url.scheme)
+        url = str(request.url)
+        headers = dict(request.headers)
+        body = await request.aread() or None
+        method = request.method
+
+        def send() -> urllib3.BaseHTTPResponse:
+            return pool.urlopen(
+                method,
+                url,
+                body=body,
+                headers=headers,
+                redirect=False,
+                retries=False,
+                preload_content=False,
+                decode_content=False,
+                timeout=urllib3.Timeout(connect=timeout.get("connect"), read=timeout.get("read")),
+            )
+
+        answer = await self._run(request, send)
+        return httpx2.Response(
+            answer.status,
+            headers=list(answer.headers.items()),
+            stream=_Body(self, request, answer),
+            extensions={
+                "http_version": b"HTTP/1.1",
+                "reason_phrase": (answer.reason or "").encode(),
+            },
+        )
 
     async def aclose(self) -> None:
         self._closed = True
         pools, self._pools = list(self._pools.values()), {}
-        try:
-            for pool in pools:
-                await pool.aclose()
-        finally:
-            await self._ranges.aclose()
+        for pool in pools:
+            pool.clear()
+
+
+class _Body(httpx2.AsyncByteStream):
+    """A response body, read on a worker thread a piece at a time."""
+
+    def __init__(self, transport: ThreadedTransport, request: httpx2.Request, answer: Any) -> None:
+        self._transport = transport
+        self._request = request
+        self._answer = answer
+        self._done = False
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        while not self._done:
+            try:
+                piece = await self._transport._run(self._request, self._read)
+            except anyio.get_cancelled_exc_class():
+                _shut_down(self._answer)  # unblocks the abandoned read
+                raise
+            if not piece:
+                self._done = True
+                return
+            yield piece
+
+    def _read(self) -> bytes:
+        return bytes(self._answer.read1(_PIECE))
+
+    async def aclose(self) -> None:
+        if self._done:
+            self._answer.release_conn()  # read to its end: the connection is reused
+        else:
+            _shut_down(self._answer)  # cut short: the connection is not reusable
+            self._answer.close()
+        self._done = True
+
+
+def _shut_down(answer: Any) -> None:
+    """Shut the socket of ``answer`` down (a read blocked on it returns), unless urllib3
+    has already let go of its connection (at the end of the body, or on an error)."""
+    if answer.connection is None:
+        return
+    with contextlib.suppress(RuntimeError, OSError):  # released meanwhile, or closed
+        answer.shutdown()
+
+
+class _Mapped(Exception):
+    """Carries the httpx2 error of a urllib3 one out of the worker thread."""
+
+    def __init__(self, error: httpx2.TransportError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+def _mapped(request: httpx2.Request, fn: Callable[[], T]) -> T:
+    """``fn()``, with urllib3's and the socket's errors made httpx2's."""
+    try:
+        return fn()
+    except urllib3.exceptions.MaxRetryError as exc:  # retries=False wraps none, but be sure
+        raise _Mapped(_error(exc.reason or exc, request)) from exc
+    except (urllib3.exceptions.HTTPError, OSError) as exc:
+        raise _Mapped(_error(exc, request)) from exc
+
+
+def _error(exc: BaseException, request: httpx2.Request) -> httpx2.TransportError:
+    message = f"{type(exc).__name__}: {exc}"
+    errors = urllib3.exceptions
+    kind: type[httpx2.TransportError]
+    if isinstance(exc, errors.ConnectTimeoutError):
+        kind = httpx2.ConnectTimeout
+    elif isinstance(exc, errors.ReadTimeoutError | TimeoutError):
+        kind = httpx2.ReadTimeout
+    elif isinstance(exc, errors.NewConnectionError | errors.SSLError | ssl.SSLError):
+        kind = httpx2.ConnectError
+    elif isinstance(exc, errors.ProtocolError | errors.DecodeError):
+        kind = httpx2.RemoteProtocolError
+    else:
+        kind = httpx2.ReadError
+    return kind(message, request=request)

@@ -202,3 +202,58 @@ async def test_the_429s_of_requests_in_flight_make_one_pause_and_one_log_line(
     warned = [r for r in caplog.records if "rate-limited us" in r.getMessage()]
     assert len(warned) == 1
     assert 'bucket "api"' in warned[0].getMessage()
+
+
+# -- one HTTP stack: every request over the threaded urllib3 transport -----------------------
+
+
+async def test_the_transport_sends_bodies_and_heads(hub_root: Path) -> None:
+    """API calls go over the same transport as range reads: a POST's form body reaches
+    the server (paths-info answers the paths that exist), a HEAD answers without a body."""
+    from aiostream_hf._transport import ThreadedTransport
+
+    name = "data/train-00000-of-00001.parquet"
+    with HubServer(hub_root) as server:
+        ep = server.endpoint
+        async with httpx2.AsyncClient(transport=ThreadedTransport(2)) as http:
+            info = await http.post(
+                f"{ep}/api/datasets/org/text/paths-info/main",
+                data={"paths": [name, "data/missing.parquet"]},
+            )
+            head = await http.head(f"{ep}/datasets/org/text/resolve/main/{name}")
+    assert info.status_code == 200
+    assert [entry["path"] for entry in info.json()] == [name]
+    assert head.status_code == 302  # an LFS-like file: the Hub redirects to its CDN
+    assert head.headers["X-Linked-Size"] == str(
+        (hub_root / "datasets/org/text" / name).stat().st_size
+    )
+    assert head.content == b""
+
+
+def test_a_stream_imports_one_http_stack(hub_root: Path, tmp_path: Path) -> None:
+    """A fresh process that streams over plain HTTP never imports httpx2's own pool
+    (httpcore2, h11) nor makes a TLS context: its first request waits for neither."""
+    import json
+    import subprocess
+    import sys
+
+    script = """
+import json, sys
+import aiostream_hf as ash
+from aiostream_hf import _transport
+s = ash.stream("hf://datasets/org/text", endpoint=sys.argv[1],
+               options=ash.StreamOptions(cache_dir=sys.argv[2]))
+rows = sum(1 for _ in s)
+print(json.dumps({"rows": rows, "tls": _transport.tls_context.cache_info().currsize,
+                  "stacks": sorted(m for m in ("httpcore2", "h11") if m in sys.modules)}))
+"""
+    with HubServer(hub_root) as server:
+        done = subprocess.run(
+            [sys.executable, "-c", script, server.endpoint, str(tmp_path / "cache")],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout.splitlines()[-1]) == {"rows": 200, "tls": 0, "stacks": []}

@@ -912,16 +912,24 @@ async def test_tls_is_set_up_on_the_first_https_request_only() -> None:
     """Plain HTTP pays for no CA bundle; https gets the verifying context, made once."""
     import ssl
 
-    from aiostream_hf._transport import SchemeTransport, tls_context
+    from aiostream_hf._transport import ThreadedTransport, tls_context
 
-    transport = SchemeTransport(httpx2.Limits(max_connections=2))
+    made: list[ssl.SSLContext] = []
+
+    def tls() -> ssl.SSLContext:
+        made.append(tls_context())
+        return made[-1]
+
+    transport = ThreadedTransport(2, tls)
     async with transport:
         plain = transport._pool("http")
         assert set(transport._pools) == {"http"}
+        assert made == []
         secure = transport._pool("https")
         assert set(transport._pools) == {"http", "https"}
         assert transport._pool("https") is secure
         assert transport._pool("http") is plain
+        assert len(made) == 1
     assert tls_context() is tls_context()
     assert tls_context().verify_mode == ssl.CERT_REQUIRED
     assert tls_context().check_hostname

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -13,6 +14,8 @@ import pyarrow.parquet as pq
 import pytest
 
 import aiostream_hf as ash
+from aiostream_hf._models import FileRef
+from aiostream_hf.formats import ByteSource, Decoder, ReadRequest, Unit
 from aiostream_hf.testing import (
     Faults,
     HubServer,
@@ -411,3 +414,53 @@ async def test_a_file_replaced_mid_stream_gives_an_error_never_wrong_rows(
                 async for row in s:
                     rows.append(row)
     assert rows == table.to_pylist()[: len(rows)]
+
+
+class _WatchedDecoder(Decoder[Unit]):
+    """Four units of 16 bytes each; records when each unit's fetch begins and when each
+    decode begins and ends. Unit 0's decode waits (at most 30 s) for unit 1's fetch."""
+
+    name = "watched"
+    extensions = (".watched",)
+
+    def __init__(self) -> None:
+        self.events: list[tuple[str, int]] = []
+        self.lock = threading.Lock()
+        self.second_fetched = threading.Event()
+
+    def _note(self, what: str, index: int) -> None:
+        with self.lock:
+            self.events.append((what, index))
+
+    async def plan(self, file: FileRef, source: ByteSource, request: ReadRequest) -> list[Unit]:
+        return [Unit(file, i, cost=16, num_rows=1) for i in range(4)]
+
+    async def fetch(self, unit: Unit, source: ByteSource) -> Any:
+        self._note("fetch", unit.index)
+        if unit.index == 1:
+            self.second_fetched.set()
+        start = unit.index * 16
+        return await source.read(unit.file, start, start + 16)
+
+    def decode(self, unit: Unit, fetched: Any, request: ReadRequest) -> pa.Table:
+        self._note("decode", unit.index)
+        if unit.index == 0:
+            self.second_fetched.wait(30)
+        self._note("decoded", unit.index)
+        return pa.table({"unit": [unit.index], "bytes": [bytes(fetched)]})
+
+
+async def test_the_next_unit_fetches_while_the_first_decodes(tmp_path: Path) -> None:
+    """A start waits on the network: the second unit's fetch begins before the first unit
+    is decoded. No more start on a guess: the third waits for the first measurement."""
+    path = tmp_path / "four.watched"
+    path.write_bytes(bytes(range(64)))
+    decoder = _WatchedDecoder()
+    s = ash.stream(os.fspath(path), format=decoder, options=_options(tmp_path))
+    async with s:
+        rows = [row async for row in s]
+    assert [row["unit"] for row in rows] == [0, 1, 2, 3]
+    assert [row["bytes"] for row in rows] == [bytes(range(i * 16, i * 16 + 16)) for i in range(4)]
+    events = decoder.events
+    assert events.index(("fetch", 1)) < events.index(("decoded", 0))
+    assert events.index(("decoded", 0)) < events.index(("fetch", 2))
