@@ -63,10 +63,10 @@ import re
 import time
 import urllib.parse
 import urllib.request
-from collections.abc import AsyncGenerator, Mapping, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Protocol
+from typing import Protocol, TypeAlias, cast
 
 import anyio
 import anyio.to_thread
@@ -86,9 +86,13 @@ from ._exceptions import (
 from ._models import FileRef
 from ._options import StreamOptions
 from ._retry import retry_after
+from ._transport import READINTO
 from ._versions import Version, normalize_etag
 
 __all__ = ["ByteStream", "FetcherStatistics", "RangeFetcher", "coalesce_ranges"]
+
+#: A span's bytes: as joined from pieces (bytes), or received in place (bytearray).
+Buffer: TypeAlias = bytes | bytearray
 
 REQUEST_KINDS = ("resolve", "range", "stream", "local")
 _REDIRECTS = frozenset({301, 302, 303, 307, 308})
@@ -298,8 +302,28 @@ class RangeFetcher:
         parts = coalesce_ranges(
             spans, gap=self.options.coalesce_gap, max_size=self.options.max_range_size
         )
-        data = await self._fetch_parts(file, parts)
-        return _assemble(spans, parts, data)
+        data = await self._fetch_parts(file, parts)  # bytes: not received in place
+        return cast(list[bytes], _assemble(spans, parts, data))
+
+    async def read_buffers(
+        self, file: FileRef, ranges: Sequence[tuple[int, int]]
+    ) -> list[memoryview]:
+        """``read_ranges``, as read-only views: each request's body is received in place,
+        into one buffer of its size (a socket read straight into it, without the GIL),
+        never joined from pieces. For decoders that take any buffer (Parquet)."""
+        self._check_open()
+        spans = [_check_range(file, s, e) for s, e in ranges]
+        if not spans:
+            return []
+        path = _local_path(file.url)
+        if path is not None:
+            return [memoryview(b) for b in await self._read_local(file, path, spans)]
+        parts = coalesce_ranges(
+            spans, gap=self.options.coalesce_gap, max_size=self.options.max_range_size
+        )
+        data = await self._fetch_parts(file, parts, in_place=True)
+        views = [memoryview(b).toreadonly() for b in data]
+        return [memoryview(b) for b in _assemble(spans, parts, views)]
 
     async def read_tail(self, file: FileRef, n: int) -> tuple[bytes, int]:
         """The last ``n`` bytes of ``file`` (all of it if shorter) and its total size.
@@ -377,17 +401,19 @@ class RangeFetcher:
 
     # -- range reads -----------------------------------------------------------------------
 
-    async def _fetch_parts(self, file: FileRef, parts: list[tuple[int, int]]) -> list[bytes]:
-        results = [b""] * len(parts)
+    async def _fetch_parts(
+        self, file: FileRef, parts: list[tuple[int, int]], *, in_place: bool = False
+    ) -> list[Buffer]:
+        results: list[Buffer] = [b""] * len(parts)
         if len(parts) == 1:
             s, e = parts[0]
-            results[0] = await self._read_span(file, s, e)
+            results[0] = await self._read_span(file, s, e, in_place=in_place)
             return results
         failures: list[AiostreamError] = []
 
         async def fetch(i: int, s: int, e: int) -> None:
             try:
-                results[i] = await self._read_span(file, s, e)
+                results[i] = await self._read_span(file, s, e, in_place=in_place)
             except AiostreamError as exc:
                 failures.append(exc)
                 tg.cancel_scope.cancel()  # the other parts are no use now
@@ -399,9 +425,16 @@ class RangeFetcher:
             raise failures[0]
         return results
 
-    async def _read_span(self, file: FileRef, start: int, end: int) -> bytes:
+    async def _read_span(
+        self, file: FileRef, start: int, end: int, *, in_place: bool = False
+    ) -> Buffer:
         transfer = _Transfer(self, file, start=start, end=end, kind="range")
-        data = await transfer.collect()
+        data: Buffer
+        if in_place:
+            data = bytearray(end - start)  # the span was checked against the file's size
+            await transfer.collect_into(data)
+        else:
+            data = await transfer.collect()
         if len(data) != end - start:  # the transfer checks as it goes; this is the contract
             raise RangeMismatchError(
                 f"{file.url}: asked for bytes {start}-{end - 1}, got {len(data)} bytes",
@@ -682,6 +715,8 @@ class _Transfer:
         self.stalled: _Stall | None = None
         self.stall_count = 0
         self.error_body = b""  # the start of an S3 error answer (its <Code>)
+        self.into: memoryview | None = None  # collect_into's buffer, byte ``base`` first
+        self.base = 0
 
     # -- reading ---------------------------------------------------------------------------
 
@@ -695,6 +730,27 @@ class _Transfer:
         finally:
             await self.aclose()
         return pieces[0] if len(pieces) == 1 else b"".join(pieces)
+
+    async def collect_into(self, buffer: bytearray) -> None:
+        """Fill ``buffer`` with the span (``start`` to ``end``, exactly its size).
+
+        A body the transport can read in place (``readinto``) is received straight
+        into it; any other (a 200 whose head is skipped, a mock transport) is copied
+        in piece by piece, at the piece's own offset.
+        """
+        assert self.pos is not None
+        assert self.end is not None
+        assert len(buffer) == self.end - self.pos
+        self.into, self.base = memoryview(buffer), self.pos
+        try:
+            while (chunk := await self.next_chunk()) is not None:
+                if not (isinstance(chunk, memoryview) and chunk.obj is buffer):
+                    assert self.pos is not None
+                    at = self.pos - len(chunk) - self.base
+                    self.into[at : at + len(chunk)] = chunk
+        finally:
+            self.into = None
+            await self.aclose()
 
     async def next_chunk(self) -> bytes | None:
         """The next block (``chunk_size`` bytes, the last one shorter), None at the end.
@@ -719,6 +775,21 @@ class _Transfer:
         except BaseException:
             await self.aclose()
             raise
+
+    async def _received_in_place(
+        self, readinto: Callable[[memoryview], Awaitable[int]], into: memoryview
+    ) -> AsyncGenerator[bytes, None]:
+        """The body, read into ``into`` at the byte it starts from: each piece a view
+        of what one read put there. Ends when the span is full or the body ends."""
+        while True:
+            assert self.pos is not None  # _next_piece moves it past each piece we give
+            at = self.pos - self.base
+            if at >= len(into):
+                return
+            n = await readinto(into[at:])
+            if not n:
+                return
+            yield into[at : at + n]  # type: ignore[misc]  # a view, read as bytes are
 
     def _take_block(self) -> bytes:
         """The first ``chunk_size`` bytes of the pieces (all, if fewer), in one copy."""
@@ -917,7 +988,11 @@ class _Transfer:
             if outcome is None:
                 assert response is not None
                 self.response = response
-                self.chunks = response.aiter_bytes()  # identity-encoded: the bytes as sent
+                in_place = response.extensions.get(READINTO)
+                if self.into is not None and in_place is not None and self.exact and not self.skip:
+                    self.chunks = self._received_in_place(in_place, self.into)
+                else:
+                    self.chunks = response.aiter_bytes()  # identity-encoded: as sent
                 self.opened_at = self.pos
                 f._open_transfers.add(self)
                 return None
@@ -1344,19 +1419,22 @@ def _check_range(file: FileRef, start: int, end: int) -> tuple[int, int]:
 
 
 def _assemble(
-    spans: list[tuple[int, int]], parts: list[tuple[int, int]], data: list[bytes]
-) -> list[bytes]:
-    """Cut each asked range out of the fetched parts (sorted, disjoint)."""
+    spans: list[tuple[int, int]],
+    parts: list[tuple[int, int]],
+    data: Sequence[bytes | bytearray | memoryview],
+) -> list[bytes | bytearray | memoryview]:
+    """Cut each asked range out of the fetched parts (sorted, disjoint): slices of
+    ``data`` (views of memoryviews), joined where a range spans two parts."""
     import bisect
 
     starts = [p[0] for p in parts]
-    out: list[bytes] = []
+    out: list[bytes | bytearray | memoryview] = []
     for s, e in spans:
         if s == e:
             out.append(b"")
             continue
         j = max(0, bisect.bisect_right(starts, s) - 1)
-        pieces: list[bytes] = []
+        pieces: list[bytes | bytearray | memoryview] = []
         pos = s
         while pos < e:
             ps, pe = parts[j]

@@ -25,7 +25,9 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import http.client
 import ssl
+import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any, TypeVar
 
@@ -35,7 +37,14 @@ import httpx2
 import urllib3
 import urllib3.exceptions
 
-__all__ = ["ThreadedTransport", "tls_context"]
+__all__ = ["READINTO", "ThreadedTransport", "tls_context"]
+
+#: The response extension under which a body can be read in place instead:
+#: ``await response.extensions[READINTO](view) -> int`` (0 at its end).
+READINTO = "aiostream.readinto"
+
+#: How long one read of a body in place gathers socket reads before it returns.
+_GATHER_S = 0.02
 
 #: The most bytes one read of a body returns (what arrived by then, at least one byte).
 _PIECE = 1 << 20
@@ -108,13 +117,15 @@ class ThreadedTransport(httpx2.AsyncBaseTransport):
             )
 
         answer = await self._run(request, send)
+        received = _Body(self, request, answer)
         return httpx2.Response(
             answer.status,
             headers=list(answer.headers.items()),
-            stream=_Body(self, request, answer),
+            stream=received,
             extensions={
                 "http_version": b"HTTP/1.1",
                 "reason_phrase": (answer.reason or "").encode(),
+                READINTO: received.readinto,  # the body, received in place (not with aiter_*)
             },
         )
 
@@ -149,6 +160,44 @@ class _Body(httpx2.AsyncByteStream):
     def _read(self) -> bytes:
         return bytes(self._answer.read1(_PIECE))
 
+    async def readinto(self, view: memoryview) -> int:
+        """Read the next bytes of the body into ``view`` (what arrived, at least one byte;
+        0 at its end): the socket read writes them there, without the GIL or a copy."""
+        if self._done:
+            return 0
+        try:
+            n = await self._transport._run(self._request, functools.partial(self._readinto, view))
+        except anyio.get_cancelled_exc_class():
+            _shut_down(self._answer)  # unblocks the abandoned read
+            raise
+        return n
+
+    def _readinto(self, view: memoryview) -> int:
+        # What one socket read gives (as read1 does), so that a slow body shows its pace
+        # to the fetcher's stall checks. urllib3's readinto would read into a new bytes
+        # and copy; its http.client response's buffered socket file reads into the view.
+        # Only a plain body of known length is read so (http.client's read1 does the
+        # same bookkeeping); a chunked one is read with read1 and copied.
+        raw = self._answer._fp
+        if raw is None or raw.isclosed():
+            self._done = True
+            return 0
+        length = getattr(raw, "length", None)
+        if getattr(raw, "chunked", True) or not isinstance(length, int) or length <= 0:
+            data = self._answer.read1(len(view))
+            view[: len(data)] = data
+            n = len(data)
+        else:
+            n = _fill(raw.fp, view[:length])
+            if not n:
+                raise http.client.IncompleteRead(b"", length)
+            raw.length = length - n
+            if not raw.length:
+                raw._close_conn()
+        if not n or raw.isclosed():
+            self._done = True  # read to its end: the connection is reused
+        return int(n)
+
     async def aclose(self) -> None:
         if self._done:
             self._answer.release_conn()  # read to its end: the connection is reused
@@ -156,6 +205,21 @@ class _Body(httpx2.AsyncByteStream):
             _shut_down(self._answer)  # cut short: the connection is not reusable
             self._answer.close()
         self._done = True
+
+
+def _fill(fp: Any, view: memoryview) -> int:
+    """Socket reads into ``view`` until it holds ``_PIECE`` bytes (or is full), or
+    ``_GATHER_S`` has passed: few thread hand-offs for a fast body, and a slow one
+    still returns what came within a fraction of a second. 0 only at EOF."""
+    want = min(len(view), _PIECE)
+    n = fp.readinto1(view)
+    started = time.monotonic()
+    while n and n < want and time.monotonic() - started < _GATHER_S:
+        got = fp.readinto1(view[n:])
+        if not got:
+            break
+        n += got
+    return int(n)
 
 
 def _shut_down(answer: Any) -> None:
@@ -181,7 +245,7 @@ def _mapped(request: httpx2.Request, fn: Callable[[], T]) -> T:
         return fn()
     except urllib3.exceptions.MaxRetryError as exc:  # retries=False wraps none, but be sure
         raise _Mapped(_error(exc.reason or exc, request)) from exc
-    except (urllib3.exceptions.HTTPError, OSError) as exc:
+    except (urllib3.exceptions.HTTPError, http.client.HTTPException, OSError) as exc:
         raise _Mapped(_error(exc, request)) from exc
 
 
@@ -195,7 +259,7 @@ def _error(exc: BaseException, request: httpx2.Request) -> httpx2.TransportError
         kind = httpx2.ReadTimeout
     elif isinstance(exc, errors.NewConnectionError | errors.SSLError | ssl.SSLError):
         kind = httpx2.ConnectError
-    elif isinstance(exc, errors.ProtocolError | errors.DecodeError):
+    elif isinstance(exc, errors.ProtocolError | errors.DecodeError | http.client.HTTPException):
         kind = httpx2.RemoteProtocolError
     else:
         kind = httpx2.ReadError

@@ -319,3 +319,35 @@ async def test_a_trickling_server_is_given_up_on(serve: Callable[..., Served]) -
         with pytest.raises(RetriesExhaustedError, match="min_throughput"):
             await f.read(s.ref(BLOB), 0, 100_000)
         assert f.statistics().stalls == 2
+
+
+async def test_buffers_received_in_place_are_exact_through_cuts(
+    serve: Callable[..., Served],
+) -> None:
+    """read_buffers: each body is received straight into one buffer of its size. The
+    views equal the file's bytes, read-only, through cut bodies (a resume writes at the
+    byte it resumes from) and coalesced or split ranges."""
+    s = serve()
+    blob = s.files[BLOB]
+    s.hub.set_faults(Faults(cut_rate=0.3, cut_at=(1,), targets=("cdn",), seed=5))
+    rng = random.Random(5)
+    async with s.fetcher(max_range_size=256 * 1024, coalesce_gap=4096) as f:
+        for _ in range(6):
+            ranges = random_ranges(rng, len(blob), 12, 400_000)
+            views = await f.read_buffers(s.ref(BLOB), ranges)
+            assert all(isinstance(v, memoryview) and v.readonly for v in views)
+            assert [bytes(v) for v in views] == [blob[a:b] for a, b in ranges]
+        whole = await f.read_buffers(s.ref(BLOB), [(0, len(blob))])
+        assert bytes(whole[0]) == blob
+        stats = f.statistics()
+    assert s.hub.stats().faults.get("cut", 0) > 0
+    assert stats.resumes > 0
+
+
+async def test_a_trickling_server_is_given_up_on_in_place(serve: Callable[..., Served]) -> None:
+    """A body read in place still shows its pace: min_throughput catches a trickle."""
+    s = serve(faults=Faults(trickle_every=1, trickle_interval_ms=50, targets=("cdn",)))
+    async with s.fetcher(timeout=0.5, min_throughput=1000.0, max_retries=1) as f:
+        with pytest.raises(RetriesExhaustedError, match="min_throughput"):
+            await f.read_buffers(s.ref(BLOB), [(0, 100_000)])
+        assert f.statistics().stalls == 2

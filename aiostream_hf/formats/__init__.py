@@ -60,6 +60,13 @@ class ByteSource(Protocol):
         self, file: FileRef, ranges: Sequence[tuple[int, int]]
     ) -> list[bytes]: ...
 
+    async def read_buffers(
+        self, file: FileRef, ranges: Sequence[tuple[int, int]]
+    ) -> list[memoryview]:
+        """The bytes of ``read_ranges`` as read-only views of buffers received in place
+        (no copy joins a body's pieces), for decoders that take any buffer."""
+        ...
+
     async def read_tail(self, file: FileRef, n: int) -> tuple[bytes, int]: ...
 
 

@@ -679,29 +679,35 @@ class ParquetDecoder(Decoder[ParquetUnit]):
             for p in plans
         ]
 
-    async def fetch(self, unit: ParquetUnit, source: ByteSource) -> dict[tuple[int, int], bytes]:
+    async def fetch(
+        self, unit: ParquetUnit, source: ByteSource
+    ) -> dict[tuple[int, int], BufferLike]:
         assert unit.plan is not None
         ranges = list(unit.plan.ranges)
         if not ranges:
             return {}
         if unit.tail is None:
-            return dict(zip(ranges, await source.read_ranges(unit.file, ranges), strict=True))
+            return dict(zip(ranges, await source.read_buffers(unit.file, ranges), strict=True))
         # The bytes read with the footer are not fetched again: each range is fetched up
-        # to where the tail begins, and the rest is taken from the tail.
+        # to where the tail begins, and the rest is a view of the tail (the decode reads
+        # a range cut in two as one, joining it on its own thread).
         held_from, held = unit.tail
+        tail = memoryview(held)
         wanted = [(s, min(e, held_from)) for s, e in ranges if s < held_from]
-        fetched = iter(await source.read_ranges(unit.file, wanted) if wanted else [])
-        out: dict[tuple[int, int], bytes] = {}
+        fetched = iter(await source.read_buffers(unit.file, wanted) if wanted else [])
+        out: dict[tuple[int, int], BufferLike] = {}
         for s, e in ranges:
-            head = next(fetched) if s < held_from else b""
-            if e <= held_from:
-                out[(s, e)] = head
-            else:
-                out[(s, e)] = head + held[max(s, held_from) - held_from : e - held_from]
+            if s < held_from:
+                out[(s, min(e, held_from))] = next(fetched)
+            if e > held_from:
+                out[(max(s, held_from), e)] = tail[max(s, held_from) - held_from : e - held_from]
         return out
 
     def decode(
-        self, unit: ParquetUnit, fetched: dict[tuple[int, int], bytes], request: ReadRequest
+        self,
+        unit: ParquetUnit,
+        fetched: Mapping[tuple[int, int], BufferLike],
+        request: ReadRequest,
     ) -> pa.Table:
         assert unit.footer is not None
         assert unit.plan is not None
