@@ -71,6 +71,7 @@ from typing import Protocol, TypeAlias, cast
 import anyio
 import anyio.to_thread
 import httpx2
+import pyarrow as pa
 
 from . import _s3
 from ._client import HubClient, Pending, RequestSigner, Route, auth_headers, origin
@@ -91,8 +92,10 @@ from ._versions import Version, normalize_etag
 
 __all__ = ["ByteStream", "FetcherStatistics", "RangeFetcher", "coalesce_ranges"]
 
-#: A span's bytes: as joined from pieces (bytes), or received in place (bytearray).
-Buffer: TypeAlias = bytes | bytearray
+#: A span's bytes: as joined from pieces (bytes), or received in place into a buffer
+#: of Arrow's memory pool (reused from span to span: no fresh pages to fault in and
+#: zero for each, as a new bytearray would take).
+Buffer: TypeAlias = bytes | pa.Buffer
 
 REQUEST_KINDS = ("resolve", "range", "stream", "local")
 _REDIRECTS = frozenset({301, 302, 303, 307, 308})
@@ -431,7 +434,7 @@ class RangeFetcher:
         transfer = _Transfer(self, file, start=start, end=end, kind="range")
         data: Buffer
         if in_place:
-            data = bytearray(end - start)  # the span was checked against the file's size
+            data = pa.allocate_buffer(end - start)  # the span was checked against the file
             await transfer.collect_into(data)
         else:
             data = await transfer.collect()
@@ -731,7 +734,7 @@ class _Transfer:
             await self.aclose()
         return pieces[0] if len(pieces) == 1 else b"".join(pieces)
 
-    async def collect_into(self, buffer: bytearray) -> None:
+    async def collect_into(self, buffer: pa.Buffer) -> None:
         """Fill ``buffer`` with the span (``start`` to ``end``, exactly its size).
 
         A body the transport can read in place (``readinto``) is received straight
@@ -751,6 +754,11 @@ class _Transfer:
         finally:
             self.into = None
             await self.aclose()
+        if self.pos != self.end:  # the buffer is not zeroed: never hand out a gap in it
+            raise RangeMismatchError(
+                f"{self.file.url}: bytes {self.base}-{self.end - 1} ended at {self.pos}",
+                url=self.file.url,
+            )
 
     async def next_chunk(self) -> bytes | None:
         """The next block (``chunk_size`` bytes, the last one shorter), None at the end.
