@@ -51,6 +51,8 @@ How a read travels:
   (no resolution: ``If-Match`` carries the listing's ETag at once), each attempt signed
   by the client as it is sent (SigV4); an error answer's ``<Code>`` names the problem.
 - ``file://`` URLs are read from disk with ``os.pread`` in worker threads.
+- ``read_buffers`` receives each body in place (``_transport.READINTO``): one buffer
+  of Arrow's memory pool per request, written by the socket reads themselves.
 """
 
 from __future__ import annotations

@@ -55,7 +55,6 @@ _DOING_IO = {
     "aiostream_hf._prefetch",
     "aiostream_hf._readahead",
     "aiostream_hf._transport",
-    "aiostream_hf._ranged",
     "aiostream_hf.lerobot",
     "aiostream_hf.video",
     "aiostream_hf.webdataset",
