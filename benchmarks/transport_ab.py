@@ -46,6 +46,7 @@ def main() -> int:
     p.add_argument("new", type=Path)
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--data-dir", type=Path, default=HERE / ".data" / "full" / "hub")
+    p.add_argument("--out", type=Path, default=HERE / "results" / "ab" / "transport.json")
     args = p.parse_args()
     from aiostream_hf.testing import Faults, HubServer
 
@@ -103,7 +104,7 @@ def main() -> int:
         "runs": runs,
         "summary": summary,
     }
-    out_path = HERE / "results" / "ab" / "transport.json"
+    out_path = args.out
     out_path.parent.mkdir(parents=True, exist_ok=True)
     out_path.write_text(json.dumps(result, indent=2) + "\n")
     print(f"wrote {out_path}")
