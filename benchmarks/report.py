@@ -33,6 +33,7 @@ SCRIPTS = {
     "startup": "benchmarks/startup_bench.py",
     "ray": "benchmarks/ray_bench.py",
     "s3": "benchmarks/s3_bench.py",
+    "quota": "benchmarks/quota_bench.py",
 }
 DEFAULT_DOCS = ROOT / "docs" / "benchmarks.md"
 DEFAULT_IMG_DIR = ROOT / "docs" / "img"
