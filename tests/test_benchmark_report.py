@@ -24,9 +24,8 @@ ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
 RUN_ALL = ROOT / "benchmarks" / "run_all"
 NAMES = ["parquet", "webdataset", "video", "startup", "ray", "s3", "quota"]
-# Wired into run_all and report.py, its results not committed yet: the next full run
-# of run_all writes benchmarks/results/quota.json (then drop it from here).
-PENDING = {"quota"}
+# Benchmarks wired into run_all and report.py whose results are not committed yet.
+PENDING: set[str] = set()
 
 
 def _load_report() -> ModuleType:
