@@ -11,9 +11,12 @@ what requests must share to behave well together:
 - the connection pool (one ``httpx2.AsyncClient``, TLS set up on the first https
   request) and a limiter on the requests in flight across every user, so that a
   request waits for a connection here, never in the pool (where it would time out);
-- the host gates: a 429 (or ``RateLimit: ...;r=0``) pauses the whole host for every
-  user, the resolver and the fetcher alike; when the pause ends one request goes first
-  and its ``RateLimit`` header says how many may follow;
+- the host gates: a 429 pauses the whole host for every user, the resolver and the
+  fetcher alike; when the pause ends one request goes first;
+- the rate-limit quotas (``_quota.SharedQuota``): each request of a bucket ("api",
+  "resolvers") takes one from a count the processes of the machine share, kept by the
+  servers' ``RateLimit`` headers, and waits for the window's reset when it is spent, so
+  that many workers together stay within one quota instead of running into 429s;
 - the CDN URL cache: where each file's bytes are served (its ``/resolve/`` redirect),
   kept until the signed URL expires, with one resolution in flight per file;
 - the one retry policy (jittered exponential backoff, the server's ``Retry-After``
@@ -42,6 +45,7 @@ import time
 import urllib.request
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from types import TracebackType
 from typing import Protocol
 
@@ -51,6 +55,7 @@ from anyio.lowlevel import RunVar
 
 from .__version__ import __version__
 from ._exceptions import ClosedResourceError, RateLimitedError, SourceError, UnreachableError
+from ._quota import GO, PROBE, Pacing, SharedQuota, bucket_of
 from ._retry import backoff_delay, retry_after
 from ._transport import ThreadedTransport, tls_context
 
@@ -58,6 +63,7 @@ __all__ = [
     "MAX_SERVER_DELAY_S",
     "ClientStatistics",
     "HubClient",
+    "Pacing",
     "Pending",
     "RequestSigner",
     "Route",
@@ -96,6 +102,9 @@ class ClientStatistics:
         than ``max_rate_limit_wait``).
     unreachable_hosts: hosts that refused connections (or had no DNS name) before ever
         answering.
+    paced / paced_seconds: requests that waited because a rate-limit quota shared by
+        the processes of the machine was spent (``RateLimit`` said so: no 429 needed),
+        and the seconds they waited in all.
     routes: files whose serving URL (CDN redirect) is cached.
     users / max_users: streams and readers using it now / at the peak.
     max_connections: the bound on requests in flight (and on pooled connections).
@@ -110,6 +119,8 @@ class ClientStatistics:
     paused_seconds: float
     rate_limit_failures: int
     unreachable_hosts: int
+    paced: int
+    paced_seconds: float
     routes: int
     users: int
     max_users: int
@@ -185,8 +196,6 @@ class _HostGate:
 
     __slots__ = (
         "asked_until",
-        "budget",
-        "budget_until",
         "paused_until",
         "probe_done",
         "probe_needed",
@@ -199,8 +208,6 @@ class _HostGate:
         self.probe_needed = False
         self.prober: object | None = None
         self.probe_done: anyio.Event | None = None
-        self.budget: int | None = None  # requests left in the window (RateLimit r=)
-        self.budget_until = float("-inf")
 
     def pause(self, until: float, asked: float) -> float:
         """Pause until ``until`` (the server asked for ``asked``); the seconds it added."""
@@ -208,7 +215,6 @@ class _HostGate:
         self.paused_until = max(self.paused_until, until)
         self.asked_until = max(self.asked_until, asked)
         self.probe_needed = True
-        self.budget = None
         return added
 
 
@@ -258,6 +264,11 @@ class HubClient:
         self._unreachable: set[str] = set()
         self._users = 0
         self._max_users = 0
+        self._quota = SharedQuota()
+        self._tickets: dict[int, _Ticket] = {}  # id(owner) -> its request's quota ticket
+        self._paced = 0
+        self._paced_seconds = 0.0
+        self._logged_windows: dict[Path, float] = {}
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -275,6 +286,7 @@ class HubClient:
         if self._closed:
             return
         self._closed = True
+        self._quota.close()
         with anyio.CancelScope(shield=True):
             await self.http.aclose()
 
@@ -298,6 +310,8 @@ class HubClient:
             paused_seconds=self._paused_seconds,
             rate_limit_failures=self._rate_limit_failures,
             unreachable_hosts=len(self._unreachable),
+            paced=self._paced,
+            paced_seconds=self._paced_seconds,
             routes=len(self._routes),
             users=self._users,
             max_users=self._max_users,
@@ -332,13 +346,19 @@ class HubClient:
         *,
         deadline: float | None = None,
         url: str = "",
+        pacing: Pacing | None = None,
+        token: str | None = None,
     ) -> None:
         """Wait until ``host`` may be sent a request, then take a slot (the caller's
         ``limiter`` first, if any, then one of this client's).
 
         ``deadline`` (``anyio.current_time()``) bounds the wait for a rate-limited host:
         a pause the server wants to last past it raises ``RateLimitedError`` at once.
+        With ``pacing``, the request (to ``url``, sent with ``token``) also takes one
+        from its bucket's rate-limit quota, shared by the processes that use the same
+        ``pacing.folder``, and waits for the window's reset when it is spent.
         """
+        waited = False
         try:
             while True:
                 wait = self._gate_nowait(host, owner)
@@ -357,10 +377,24 @@ class HubClient:
                     if limiter is not None:
                         limiter.release_on_behalf_of(owner)
                     raise
-                if self._blocked(host, owner):  # paused while we waited for a slot
+                blocked = self._blocked(host, owner)  # paused while we waited for a slot
+                quota_wait = None if blocked else self._take_quota(host, owner, url, pacing, token)
+                if blocked or quota_wait is not None:
                     self._slots.release_on_behalf_of(owner)
                     if limiter is not None:
                         limiter.release_on_behalf_of(owner)
+                if quota_wait is not None:
+                    kind, until = quota_wait
+                    left = until - time.time()
+                    if kind == "wait":
+                        self._check_quota_wait(host, deadline, url, left)
+                        if not waited:
+                            self._paced += 1
+                            waited = True
+                        self._paced_seconds += max(0.0, left)
+                    await anyio.sleep(max(0.0, left))
+                    continue
+                if blocked:
                     continue
                 break
         except BaseException:
@@ -373,6 +407,9 @@ class HubClient:
         self, host: str, owner: object, limiter: anyio.CapacityLimiter | None = None
     ) -> None:
         """Give back the slot ``acquire`` took."""
+        ticket = self._tickets.pop(id(owner), None)
+        if ticket is not None and ticket.probe and not ticket.answered:
+            self._quota.probe_ended(ticket.key)  # the next request (of any process) probes
         self._in_flight -= 1
         self._slots.release_on_behalf_of(owner)
         if limiter is not None:
@@ -397,6 +434,56 @@ class HubClient:
             resume_at=resume_at,
         )
 
+    def _take_quota(
+        self, host: str, owner: object, url: str, pacing: Pacing | None, token: str | None
+    ) -> tuple[str, float] | None:
+        """Take one from the request's rate-limit quota: None (go, and its answer will be
+        noted), or ("wait" | "poll", wall-clock time to look again)."""
+        if pacing is None or not url:
+            return None
+        try:
+            path = httpx2.URL(url).path
+        except httpx2.InvalidURL:
+            return None
+        bucket = bucket_of(path)
+        key = SharedQuota.key(pacing, host, bucket, token)
+        if not bucket and not self._quota.known_limited(key):
+            return None  # not a Hub bucket, and never said it was limited
+        now = time.time()
+        kind, until = self._quota.take(key, pacing.reserve, now)
+        if kind in (GO, PROBE):
+            self._tickets[id(owner)] = _Ticket(key, host, now, kind == PROBE)
+            return None
+        if kind == "wait" and until - now >= LOG_PAUSE_S and self._logged_windows.get(key) != until:
+            if len(self._logged_windows) > 64:
+                self._logged_windows.clear()
+            self._logged_windows[key] = until
+            logger.warning(
+                '%s: the rate-limit quota of bucket "%s" is spent (shared by the processes '
+                "of this machine): requests to it wait %.0f s, until %s",
+                host,
+                bucket or "?",
+                until - now,
+                _clock(until),
+            )
+        return kind, until
+
+    def _check_quota_wait(self, host: str, deadline: float | None, url: str, left: float) -> None:
+        if deadline is None or anyio.current_time() + left <= deadline:
+            return
+        self._rate_limit_failures += 1
+        resume_at = time.time() + left
+        raise RateLimitedError(
+            f"{url or host}: the rate-limit quota of {host} is spent until "
+            f"{_clock(resume_at)} ({left:.0f} s from now), past the "
+            f"{deadline - anyio.current_time():.0f} s this request may still wait "
+            "(StreamOptions.max_rate_limit_wait): retry after that time, raise "
+            "max_rate_limit_wait, or use a token with a higher quota",
+            url=url,
+            status=429,
+            resume_at=resume_at,
+        )
+
     def _gate_nowait(self, host: str, owner: object) -> float | anyio.Event | None:
         """None: go. A float: sleep until that time. An Event: wait for the probe's answer."""
         gate = self._hosts.get(host)
@@ -412,15 +499,6 @@ class HubClient:
             gate.probe_needed = False
             gate.prober = owner
             gate.probe_done = anyio.Event()
-            return None
-        if gate.budget is not None:
-            if now >= gate.budget_until:
-                gate.budget = None
-            elif gate.budget <= 0:
-                gate.pause(gate.budget_until, gate.budget_until)
-                return gate.budget_until
-            else:
-                gate.budget -= 1
         return None
 
     def _blocked(self, host: str, owner: object) -> bool:
@@ -456,17 +534,25 @@ class HubClient:
         """Learn the host's rate-limit state from an answer; pause the host on a 429."""
         self._answered.add(host)
         limit = ratelimit(headers.get("RateLimit"))
-        if limit is None and status != 429 and host not in self._hosts:
+        ticket = self._tickets.get(id(owner))
+        paced = ticket is not None and ticket.host == host
+        if ticket is not None and paced and not ticket.answered:
+            if limit is not None:
+                ticket.answered = True
+                self._quota.learn(ticket.key, limit[0], limit[1], ticket.sent_at, time.time())
+            elif status < 500 and status != 429:
+                ticket.answered = True
+                self._quota.unlimited(ticket.key, ticket.sent_at)
+        spent = limit is not None and limit[0] <= 0 and not paced
+        if status != 429 and not spent and host not in self._hosts:
             return
         gate = self._hosts.setdefault(host, _HostGate())
         now = anyio.current_time()
         added = 0.0
         was_paused = gate.paused_until > now
-        if limit is not None:
-            remaining, reset = limit
-            gate.budget, gate.budget_until = remaining, now + reset
-            if remaining <= 0:
-                added = gate.pause(now + min(reset, MAX_SERVER_DELAY_S), now + reset)
+        if spent and limit is not None:
+            # Sent without pacing (no quota count): the host waits for the reset here.
+            added = gate.pause(now + min(limit[1], MAX_SERVER_DELAY_S), now + limit[1])
         if status == 429:
             self._throttled += 1
             delay = retry_after(headers.get("Retry-After"))
@@ -569,6 +655,19 @@ class HubClient:
         if pending is not None:
             pending.error = error
             pending.done.set()
+
+
+class _Ticket:
+    """A request that took one from a shared rate-limit quota, until its slot is given back."""
+
+    __slots__ = ("answered", "host", "key", "probe", "sent_at")
+
+    def __init__(self, key: Path, host: str, sent_at: float, probe: bool) -> None:
+        self.key = key
+        self.host = host
+        self.sent_at = sent_at  # wall clock
+        self.probe = probe
+        self.answered = False
 
 
 def _clock(epoch_seconds: float) -> str:

@@ -222,6 +222,7 @@ class RangeFetcher:
             client if client is not None else HubClient(max_connections=n, transport=transport)
         )
         self._timeout = httpx2.Timeout(self.options.timeout)
+        self._pacing = self.options.pacing()
         # CDN URLs are cached per token: a private file's signed URL, learned with a
         # token, is never handed to a reader without it.
         self._route_scope = hashlib.sha256((token or "").encode()).hexdigest()[:16]
@@ -516,13 +517,19 @@ class RangeFetcher:
 
     # -- concurrency slots, host pauses and rate-limit budgets -----------------------------
 
-    async def _acquire(self, host: str, owner: _Transfer) -> None:
-        """Wait until ``host`` may be sent a request (the client's gate), then take a
-        slot of this fetcher's and one of the client's."""
+    async def _acquire(self, host: str, owner: _Transfer, url: str) -> None:
+        """Wait until ``host`` may be sent a request to ``url`` (the client's gate and the
+        rate-limit quota), then take a slot of this fetcher's and one of the client's."""
         if owner.wait_deadline is None:
             owner.wait_deadline = anyio.current_time() + self.options.max_rate_limit_wait
         await self._hub.acquire(
-            host, owner, self._limiter, deadline=owner.wait_deadline, url=owner.file.url
+            host,
+            owner,
+            self._limiter,
+            deadline=owner.wait_deadline,
+            url=url,
+            pacing=self._pacing,
+            token=self._token if auth_headers(url, self._token, self._endpoint) else None,
         )
         self._in_flight += 1
         self._max_in_flight = max(self._max_in_flight, self._in_flight)
@@ -961,7 +968,7 @@ class _Transfer:
             url = self.file.url if route is None else route.url
             host = _host_key(url, self.file)
             headers = f._headers(self, url, route)
-            await f._acquire(host, self)
+            await f._acquire(host, self, url)
             self.slot_host = host
             self.last_url = url
             response: httpx2.Response | None = None

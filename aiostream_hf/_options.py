@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ._exceptions import SourceError
+from ._quota import Pacing
 
 __all__ = ["StreamOptions"]
 
@@ -36,6 +37,13 @@ class StreamOptions:
         longer wait fails the request at once with ``RateLimitedError``, which says
         when the server will serve again. Pauses over a few seconds are logged
         (WARNING, logger ``aiostream_hf``).
+    rate_limit_reserve: requests of each rate-limit window (per bucket: "api",
+        "resolvers") left unused. Every request takes one from its bucket's quota, a
+        count that the processes of the machine sharing ``cache_dir`` keep together
+        (DataLoader workers, several jobs) from the servers' ``RateLimit`` headers; a
+        spent quota waits for the window's reset instead of running into 429s. Raise it
+        when other programs spend the same quota (``huggingface_hub`` downloads, jobs
+        with another cache folder, other machines behind the same address).
     cache_dir: the on-disk resolution cache; default AIOSTREAM_HF_CACHE or the
         user cache dir (~/.cache/aiostream-hf).
     pin_ttl: seconds a resolution of something that can change is shared between the
@@ -73,6 +81,7 @@ class StreamOptions:
     timeout: float = 60.0
     min_throughput: float = 1024.0
     max_rate_limit_wait: float = 600.0
+    rate_limit_reserve: int = 0
     cache_dir: Path | None = None
     pin_ttl: float = 10.0
     verify_checksums: bool = True
@@ -102,6 +111,7 @@ class StreamOptions:
             "pin_ttl": self.pin_ttl,
             "min_throughput": self.min_throughput,
             "max_rate_limit_wait": self.max_rate_limit_wait,
+            "rate_limit_reserve": self.rate_limit_reserve,
         }.items():
             if value < 0:
                 raise SourceError(f"StreamOptions.{name}={value!r}: must be >= 0")
@@ -127,6 +137,10 @@ class StreamOptions:
                     "StreamOptions: s3_anonymous=True sends requests unsigned; drop "
                     "s3_credentials, or s3_anonymous"
                 )
+
+    def pacing(self) -> Pacing:
+        """How these options spend rate-limit quotas: counts shared in the cache folder."""
+        return Pacing(self.resolved_cache_dir(), self.rate_limit_reserve)
 
     def resolved_cache_dir(self) -> Path:
         """cache_dir, else $AIOSTREAM_HF_CACHE, else the user cache dir."""

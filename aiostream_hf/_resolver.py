@@ -833,7 +833,14 @@ class Resolver:
             else:
                 self._counts.resolver_requests += 1
             # The client's gate: a host paused by a 429 (to us or to a fetcher) waits here.
-            await hub.acquire(host, owner, deadline=deadline, url=url)
+            await hub.acquire(
+                host,
+                owner,
+                deadline=deadline,
+                url=url,
+                pacing=o.pacing(),
+                token=token if auth_headers(url, token, where.endpoint) else None,
+            )
             try:
                 outcome = await self._attempt(
                     hub,

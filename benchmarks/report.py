@@ -33,6 +33,7 @@ SCRIPTS = {
     "startup": "benchmarks/startup_bench.py",
     "ray": "benchmarks/ray_bench.py",
     "s3": "benchmarks/s3_bench.py",
+    "quota": "benchmarks/quota_bench.py",
 }
 DEFAULT_DOCS = ROOT / "docs" / "benchmarks.md"
 DEFAULT_IMG_DIR = ROOT / "docs" / "img"
@@ -418,16 +419,19 @@ def _draw_ratios(cd: ChartData, path: Path) -> None:
     fig = Figure(figsize=(9, sum(rows) + 1.4), layout="constrained")
     ax = fig.subplots()
     y = list(range(len(cd.ratios)))
-    values = [v for r in cd.ratios for v in (r.low, r.high, r.target)]
+    # Counts whose target is 0 (429s, errors) cannot sit on a log scale: their zeros are
+    # drawn at its left edge, the value written beside them as for every ratio.
+    values = [v for r in cd.ratios for v in (r.low, r.high, r.target) if v > 0]
     lo, hi = min(values + [1.0]) / 1.6, max(values + [1.0]) * 1.6
     ax.set_xscale("log")
     ax.set_xlim(lo, hi)
     ax.axvline(1.0, color="#bbbbbb", linewidth=1, zorder=1)
     for yi, r in zip(y, cd.ratios, strict=True):
         color = MET_COLOR if r.met else MISSED_COLOR
-        ax.plot([r.low, r.high], [yi, yi], color=color, linewidth=2, alpha=0.45, zorder=2)
-        ax.plot([r.median], [yi], "o", color=color, markersize=8, zorder=4)
-        ax.plot([r.target] * 2, [yi - 0.35, yi + 0.35], color="black", linewidth=2, zorder=3)
+        low, high, median, target = (max(v, lo) for v in (r.low, r.high, r.median, r.target))
+        ax.plot([low, high], [yi, yi], color=color, linewidth=2, alpha=0.45, zorder=2)
+        ax.plot([median], [yi], "o", color=color, markersize=8, zorder=4, clip_on=False)
+        ax.plot([target] * 2, [yi - 0.35, yi + 0.35], color="black", linewidth=2, zorder=3)
         arrow = {">=": "\u2265 ", "<=": "\u2264 "}.get(r.direction or "", "")
         verdict = "met" if r.met else "MISSED"
         ax.annotate(

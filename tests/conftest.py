@@ -42,6 +42,13 @@ def anyio_backend(request: pytest.FixtureRequest) -> str:
 
 
 @pytest.fixture(autouse=True)
+def _own_cache_dir(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """A cache folder per test: the rate-limit counts kept there (shared by the processes
+    of a machine) must not carry one test's fake server's "quota spent" into another."""
+    monkeypatch.setenv("AIOSTREAM_HF_CACHE", str(tmp_path / "aiostream-cache"))
+
+
+@pytest.fixture(autouse=True)
 def _no_internet(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """Fail any connection to a non-loopback address."""
     real_connect = socket.socket.connect

@@ -23,7 +23,9 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
 RUN_ALL = ROOT / "benchmarks" / "run_all"
-NAMES = ["parquet", "webdataset", "video", "startup", "ray", "s3"]
+NAMES = ["parquet", "webdataset", "video", "startup", "ray", "s3", "quota"]
+# Benchmarks wired into run_all and report.py whose results are not committed yet.
+PENDING: set[str] = set()
 
 
 def _load_report() -> ModuleType:
@@ -66,7 +68,7 @@ def _ratio_name(r: dict[str, Any]) -> str:
 
 
 def test_committed_results_exist() -> None:
-    assert set(_results()) == set(NAMES)
+    assert set(NAMES) - PENDING <= set(_results()) <= set(NAMES)
 
 
 PROFILES = [quick for quick in (False, True) if _results("-quick" if quick else "")]
@@ -115,6 +117,8 @@ def _expected_metric(name: str, workload: str) -> tuple[str, bool]:
         return "samples_per_s", True
     if name == "video":
         return ("seconds", False) if workload.startswith("frames") else ("items_per_s", True)
+    if name == "quota":
+        return "epoch_seconds", False
     assert name == "startup"
     return ("time_to_first_batch", False) if workload == "first" else ("epoch_seconds", False)
 
@@ -216,7 +220,7 @@ def test_draw_charts(tmp_path: Path) -> None:
     argv = ["--results-dir", str(RESULTS), "--docs", str(docs), "--img-dir", str(img_dir)]
     assert report.main(argv) == 0
     markdown = docs.read_text()
-    for name in NAMES:
+    for name in _results():
         for png in report.chart_paths(name, img_dir):
             content = png.read_bytes()
             assert content.startswith(b"\x89PNG\r\n\x1a\n")
@@ -255,6 +259,7 @@ def test_run_all_dry_run_lists_every_benchmark_then_the_report() -> None:
         "startup: PY benchmarks/startup_bench.py",
         "ray: PY benchmarks/ray_bench.py",
         "s3: PY benchmarks/s3_bench.py",
+        "quota: PY benchmarks/quota_bench.py",
         "report: PY benchmarks/report.py",
     ]
 
@@ -275,7 +280,7 @@ def test_run_all_rejects_an_unknown_name() -> None:
     proc = _run_all("--dry-run", "--only", "parquet,parqet")
     assert proc.returncode != 0
     assert "unknown benchmark 'parqet'" in proc.stderr
-    assert "parquet,webdataset,video,startup,ray,s3" in proc.stderr
+    assert "parquet,webdataset,video,startup,ray,s3,quota" in proc.stderr
     assert proc.stdout == ""
 
 

@@ -230,11 +230,11 @@ async def test_a_resolvers_quota_is_waited_out(root: Path, tmp_path: Path) -> No
         )
         stats = hub.stats()
     assert sorted(r["id"] for r in rows) == [r["id"] for r in expected]
-    assert stats.throttled >= 1
-    assert stats.by_bucket["resolvers"] - stats.throttled == 6
-    # 6 files at 2 per window need 3 windows; after a 429 the host pauses, so at most
-    # max_concurrency 429s per window (with one window of slack for the boundary).
-    assert stats.throttled <= 4 * 4
+    # 6 files at 2 per window need 3 windows: the first request's RateLimit header
+    # opens the count, the rest of each window's quota is spent and the reset waited
+    # for, so the server refuses nothing (before the shared count: a burst of 429s).
+    assert stats.throttled == 0
+    assert stats.by_bucket["resolvers"] == 6
 
 
 async def test_columns_filter_batches_shuffle_and_ranks(root: Path, tmp_path: Path) -> None:
