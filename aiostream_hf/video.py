@@ -90,6 +90,10 @@ if TYPE_CHECKING:
 
 _VIDEO_COALESCE_GAP = 64 * 1024
 _HOP_REACH = 16 * 1024 * 1024  # a read towards moov goes on to the tail read when this near
+# Index reads through a RangeFetcher come in concurrent parts of at most this many bytes,
+# each over its own connection: the index is on the critical path of every open, and a
+# server (or the network) that caps each connection's speed serves the parts side by side.
+_INDEX_PART = 256 * 1024
 
 __all__ = ["Frames", "VideoReader", "VideoSource", "VideoStatistics", "open"]
 
@@ -655,7 +659,7 @@ class _Reads:
                     hi = min(self.size, max(hi, lo + HEAD_READ_SIZE))
             wanted.append((lo, hi))
         if wanted:
-            buffers = await self.source.read_ranges(self.file, wanted)
+            buffers = await _read_index(self.source, self.file, wanted)
             for (lo, hi), data in zip(wanted, buffers, strict=True):
                 _count_index_read(self.stats, data)
                 _check_length(self.file, lo, hi, len(data))
@@ -696,6 +700,27 @@ class _Reads:
         return holes
 
 
+async def _read_index(
+    source: ByteSource, file: FileRef, ranges: list[tuple[int, int]]
+) -> list[bytes]:
+    """Index bytes: a RangeFetcher's come in concurrent parts of ``_INDEX_PART`` bytes."""
+    from ._fetcher import RangeFetcher
+
+    if isinstance(source, RangeFetcher):
+        return await source.read_ranges(file, ranges, part_size=_INDEX_PART)
+    return await source.read_ranges(file, ranges)
+
+
+async def _read_index_tail(source: ByteSource, file: FileRef, n: int) -> tuple[bytes, int]:
+    """The tail read of ``open``: a RangeFetcher's comes in concurrent parts of
+    ``_INDEX_PART`` bytes, once a redirect told the size (``RangeFetcher.read_tail``)."""
+    from ._fetcher import RangeFetcher
+
+    if isinstance(source, RangeFetcher):
+        return await source.read_tail(file, n, part_size=_INDEX_PART)
+    return await source.read_tail(file, n)
+
+
 def _check_length(file: FileRef, start: int, end: int, got: int) -> None:
     """A read of bytes ``[start, end)`` that brought ``got`` bytes: the right number, or
     a DecodeError naming them."""
@@ -734,7 +759,7 @@ async def _read_ends(file: FileRef, source: ByteSource, stats: dict[str, Any]) -
             ranges = [(0, size)]
         else:
             ranges = [(0, head_end), (tail_start, size)]
-        buffers = await source.read_ranges(file, ranges)
+        buffers = await _read_index(source, file, ranges)
         reads = _Reads(file, source, size, stats)
         for (start, end), data in zip(ranges, buffers, strict=True):
             _count_index_read(stats, data)
@@ -742,7 +767,7 @@ async def _read_ends(file: FileRef, source: ByteSource, stats: dict[str, Any]) -
             reads.add(start, data)
         return reads
 
-    data, size = await source.read_tail(file, TAIL_READ_SIZE)
+    data, size = await _read_index_tail(source, file, TAIL_READ_SIZE)
     _count_index_read(stats, data)
     if size == 0:
         raise DecodeError(f"{file.path} is not a video file: it is empty")

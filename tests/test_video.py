@@ -1281,13 +1281,15 @@ async def test_a_small_file_is_fetched_once_from_the_hub(tmp_path: Path) -> None
     assert_frames(oracle, more, [played(oracle.times, 1.23)])
 
 
-async def test_unknown_size_over_the_hub_reads_the_index_in_one_cdn_request(
+async def test_unknown_size_over_the_hub_reads_the_index_in_one_round_of_parts(
     videos: Videos, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A resolve URL without a size (what ``video.open(url)`` gets): the local Hub counts
-    one resolver request and one CDN request for the index of a moov-at-end file longer
-    than the tail read (no head read), then the frames' requests; PyAV's pixels."""
+    one resolver request, whose redirect tells the size, then the tail of a moov-at-end
+    file in concurrent parts of ``_INDEX_PART`` (no head read, no byte twice), then the
+    frames' requests; PyAV's pixels."""
     monkeypatch.setattr(video, "TAIL_READ_SIZE", 16 * 1024)
+    monkeypatch.setattr(video, "_INDEX_PART", 4 * 1024)
     oracle = videos["h264-gop250"]
     size = oracle.path.stat().st_size
     assert size > 4 * 16 * 1024
@@ -1303,8 +1305,9 @@ async def test_unknown_size_over_the_hub_reads_the_index_in_one_cdn_request(
             frames = await reader.frames_at(times)
             stats = reader.statistics()
         served = hub.stats()
-    assert (opened.by_bucket.get("resolvers"), opened.by_bucket.get("cdn")) == (1, 1)
+    assert (opened.by_bucket.get("resolvers"), opened.by_bucket.get("cdn")) == (1, 4)
+    assert opened.by_status.get(206) == 4
     assert opened.bytes_served == 16 * 1024
     assert (stats.index_requests, stats.index_bytes) == (1, 16 * 1024)
-    assert served.by_bucket.get("cdn") == 1 + stats.frame_requests
+    assert served.by_bucket.get("cdn") == 4 + stats.frame_requests
     assert_frames(oracle, frames, times)
