@@ -58,6 +58,7 @@ How a read travels:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import logging
 import os
@@ -292,11 +293,18 @@ class RangeFetcher:
         """The bytes ``start`` to ``end`` (exclusive) of ``file``: exactly those, or an error."""
         return (await self.read_ranges(file, [(start, end)]))[0]
 
-    async def read_ranges(self, file: FileRef, ranges: Sequence[tuple[int, int]]) -> list[bytes]:
+    async def read_ranges(
+        self,
+        file: FileRef,
+        ranges: Sequence[tuple[int, int]],
+        *,
+        part_size: int | None = None,
+    ) -> list[bytes]:
         """One bytes per (start, end exclusive) range, in the order given.
 
         Ranges closer than ``options.coalesce_gap`` share a request; requests
-        over ``options.max_range_size`` are split; all are fetched concurrently.
+        over ``options.max_range_size`` (``part_size``, when given) are split; all
+        are fetched concurrently.
         """
         self._check_open()
         spans = [_check_range(file, s, e) for s, e in ranges]
@@ -305,9 +313,8 @@ class RangeFetcher:
         path = _local_path(file.url)
         if path is not None:
             return await self._read_local(file, path, spans)
-        parts = coalesce_ranges(
-            spans, gap=self.options.coalesce_gap, max_size=self.options.max_range_size
-        )
+        max_size = self.options.max_range_size if part_size is None else part_size
+        parts = coalesce_ranges(spans, gap=self.options.coalesce_gap, max_size=max_size)
         data = await self._fetch_parts(file, parts)  # bytes: not received in place
         return cast(list[bytes], _assemble(spans, parts, data))
 
@@ -331,11 +338,19 @@ class RangeFetcher:
         views = [memoryview(b).toreadonly() for b in data]
         return [memoryview(b) for b in _assemble(spans, parts, views)]
 
-    async def read_tail(self, file: FileRef, n: int) -> tuple[bytes, int]:
+    async def read_tail(
+        self, file: FileRef, n: int, *, part_size: int | None = None
+    ) -> tuple[bytes, int]:
         """The last ``n`` bytes of ``file`` (all of it if shorter) and its total size.
 
         With ``file.size`` known this is a plain range read; otherwise one
         suffix request (``Range: bytes=-n``) whose ``Content-Range`` gives the size.
+
+        ``part_size``: the tail comes in concurrent parts of at most this many bytes,
+        each over its own connection (a server that caps each connection's speed then
+        serves them side by side). Without a known size, a redirect that tells the size
+        (the Hub's ``X-Linked-Size``) ends the first request; the parts go to where it
+        points, in the same round trip as the suffix read would have.
         """
         self._check_open()
         if n < 1:
@@ -351,9 +366,14 @@ class RangeFetcher:
             return data, size
         if file.size is not None:
             start = max(0, file.size - n)
-            return await self.read(file, start, file.size), file.size
+            read = await self.read_ranges(file, [(start, file.size)], part_size=part_size)
+            return read[0], file.size
         transfer = _Transfer(self, file, start=None, end=None, suffix=n, kind="range")
+        transfer.stop_when_sized = part_size is not None and n > part_size
         data = await transfer.collect()
+        if transfer.sized is not None:  # stopped at a redirect, which told the size
+            sized = dataclasses.replace(file, size=transfer.sized)
+            return await self.read_tail(sized, n, part_size=part_size)
         assert transfer.total is not None  # known once a suffix read succeeded
         return data, transfer.total
 
@@ -673,6 +693,7 @@ class _Signal:
 _FOLLOW = _Signal("follow")  # the answer named a new URL: send the request there
 _RERESOLVE = _Signal("reresolve")  # the cached URL was refused: resolve again
 _AT_EOF = _Signal("eof")  # 416 for a read to the end that starts at the end
+_SIZED = _Signal("sized")  # a redirect told the size of a suffix read: stop there
 
 _Outcome = _Retry | _Signal | None
 
@@ -729,6 +750,10 @@ class _Transfer:
         self.error_body = b""  # the start of an S3 error answer (its <Code>)
         self.into: memoryview | None = None  # collect_into's buffer, byte ``base`` first
         self.base = 0
+        # A suffix read that ends at a redirect telling the file's size (X-Linked-Size),
+        # which is then in ``sized``: its caller reads the tail knowing the size.
+        self.stop_when_sized = False
+        self.sized: int | None = None
 
     # -- reading ---------------------------------------------------------------------------
 
@@ -842,7 +867,7 @@ class _Transfer:
                 await self._body_failed(stall)
                 continue
             if self.chunks is None:
-                if await self._open() is _AT_EOF:
+                if await self._open() in (_AT_EOF, _SIZED):
                     return None
                 continue
             try:
@@ -1024,6 +1049,8 @@ class _Transfer:
                     )
             elif outcome is _AT_EOF:
                 return _AT_EOF
+            if self.sized is not None:
+                return _SIZED
             # _RERESOLVE: the next turn resolves again
 
     def _accept(self, response: httpx2.Response, route: Route | None, url: str) -> _Outcome:
@@ -1042,6 +1069,9 @@ class _Transfer:
                 )
             if route is None or f._is_hub(url):
                 self._check_linked(headers)
+                size = headers.get("X-Linked-Size", "")
+                if self.stop_when_sized and self.pos is None and size.isdigit() and int(size):
+                    self.sized = int(size)
             target = str(response.url.join(location))
             f._set_route(self, Route(target, direct=False, reuse_until=_reuse_until(target)))
             return _FOLLOW

@@ -7,8 +7,9 @@
 
 Opening reads the MP4 index (``moov``) in one round trip when it lies at either
 end of a file of known size: the head and the tail are read at once. Without a
-known size, the tail is read first, alone (a suffix read, which tells the size),
-and the head only if the tail does not hold it. When ``moov`` is in neither, the box
+known size, the tail is read first, alone (a suffix read, which tells the size); a
+``moov`` that ends the file is found in it without the head (``moov_in_tail``), and
+the head is read only when the tail holds no such box. When ``moov`` is in neither, the box
 sizes lead straight to it (``_mp4``). A file no larger than those first reads is
 read whole and kept: no byte is fetched twice, and its frames need no more requests.
 ``frames_at`` then maps every timestamp to the frame on screen at that time (or, with
@@ -78,6 +79,7 @@ from .formats._mp4 import (
     NoIndex,
     SampleTable,
     container_kind,
+    moov_in_tail,
     parse_moov,
     read_box_header,
 )
@@ -88,6 +90,10 @@ if TYPE_CHECKING:
 
 _VIDEO_COALESCE_GAP = 64 * 1024
 _HOP_REACH = 16 * 1024 * 1024  # a read towards moov goes on to the tail read when this near
+# Index reads through a RangeFetcher come in concurrent parts of at most this many bytes,
+# each over its own connection: the index is on the critical path of every open, and a
+# server (or the network) that caps each connection's speed serves the parts side by side.
+_INDEX_PART = 256 * 1024
 
 __all__ = ["Frames", "VideoReader", "VideoSource", "VideoStatistics", "open"]
 
@@ -644,7 +650,7 @@ class _Reads:
         """
         end = min(end, self.size)
         wanted: list[tuple[int, int]] = []
-        for lo, hi in self._holes(start, end):
+        for lo, hi in self.holes(start, end):
             if hop:
                 after = [offset for offset, _ in self.buffers if offset >= hi]
                 if after and after[0] - lo <= _HOP_REACH:
@@ -653,7 +659,7 @@ class _Reads:
                     hi = min(self.size, max(hi, lo + HEAD_READ_SIZE))
             wanted.append((lo, hi))
         if wanted:
-            buffers = await self.source.read_ranges(self.file, wanted)
+            buffers = await _read_index(self.source, self.file, wanted)
             for (lo, hi), data in zip(wanted, buffers, strict=True):
                 _count_index_read(self.stats, data)
                 _check_length(self.file, lo, hi, len(data))
@@ -663,7 +669,7 @@ class _Reads:
     def whole(self) -> bytes | None:
         """The whole file when the reads so far hold all of it (a small file: the first
         reads covered it), else None."""
-        return None if self._holes(0, self.size) else self._join(0, self.size)
+        return None if self.holes(0, self.size) else self._join(0, self.size)
 
     def _join(self, start: int, end: int) -> bytes:
         """Bytes ``[start, end)`` from the buffers (they hold them all)."""
@@ -677,7 +683,7 @@ class _Reads:
                     break
         return b"".join(pieces)
 
-    def _holes(self, start: int, end: int) -> list[tuple[int, int]]:
+    def holes(self, start: int, end: int) -> list[tuple[int, int]]:
         """The parts of ``[start, end)`` that no buffer holds."""
         holes: list[tuple[int, int]] = []
         pos = start
@@ -692,6 +698,27 @@ class _Reads:
         if pos < end:
             holes.append((pos, end))
         return holes
+
+
+async def _read_index(
+    source: ByteSource, file: FileRef, ranges: list[tuple[int, int]]
+) -> list[bytes]:
+    """Index bytes: a RangeFetcher's come in concurrent parts of ``_INDEX_PART`` bytes."""
+    from ._fetcher import RangeFetcher
+
+    if isinstance(source, RangeFetcher):
+        return await source.read_ranges(file, ranges, part_size=_INDEX_PART)
+    return await source.read_ranges(file, ranges)
+
+
+async def _read_index_tail(source: ByteSource, file: FileRef, n: int) -> tuple[bytes, int]:
+    """The tail read of ``open``: a RangeFetcher's comes in concurrent parts of
+    ``_INDEX_PART`` bytes, once a redirect told the size (``RangeFetcher.read_tail``)."""
+    from ._fetcher import RangeFetcher
+
+    if isinstance(source, RangeFetcher):
+        return await source.read_tail(file, n, part_size=_INDEX_PART)
+    return await source.read_tail(file, n)
 
 
 def _check_length(file: FileRef, start: int, end: int, got: int) -> None:
@@ -732,7 +759,7 @@ async def _read_ends(file: FileRef, source: ByteSource, stats: dict[str, Any]) -
             ranges = [(0, size)]
         else:
             ranges = [(0, head_end), (tail_start, size)]
-        buffers = await source.read_ranges(file, ranges)
+        buffers = await _read_index(source, file, ranges)
         reads = _Reads(file, source, size, stats)
         for (start, end), data in zip(ranges, buffers, strict=True):
             _count_index_read(stats, data)
@@ -740,7 +767,7 @@ async def _read_ends(file: FileRef, source: ByteSource, stats: dict[str, Any]) -
             reads.add(start, data)
         return reads
 
-    data, size = await source.read_tail(file, TAIL_READ_SIZE)
+    data, size = await _read_index_tail(source, file, TAIL_READ_SIZE)
     _count_index_read(stats, data)
     if size == 0:
         raise DecodeError(f"{file.path} is not a video file: it is empty")
@@ -752,6 +779,9 @@ async def _read_ends(file: FileRef, source: ByteSource, stats: dict[str, Any]) -
 async def _load(file: FileRef, source: ByteSource, stats: dict[str, Any]) -> _Indexed | _Demuxed:
     name = file.path
     reads = await _read_ends(file, source, stats)
+    table = await _moov_at_end(reads, name)
+    if table is not None:  # the tail read held the index: the head is not needed
+        return await anyio.to_thread.run_sync(_Indexed, table, None)
     head = await reads.get(0, HEAD_READ_SIZE)
     kind = container_kind(head[:256])
     if kind is None:
@@ -769,6 +799,27 @@ async def _load(file: FileRef, source: ByteSource, stats: dict[str, Any]) -> _In
         return await anyio.to_thread.run_sync(_Indexed, found, reads.whole())
     data = await reads.get(0, reads.size)
     return await anyio.to_thread.run_sync(_Demuxed, data, found, name)
+
+
+async def _moov_at_end(reads: _Reads, name: str) -> SampleTable | None:
+    """The index of a moov-at-end file from the tail read alone (``moov_in_tail``), when
+    the head is not held (the size was unknown): no round trip for the head. None when
+    the tail holds no such ``moov``, or it does not parse to a sample table: the box walk
+    from the head then decides (and names what is wrong)."""
+    if not reads.buffers or not reads.holes(0, min(HEAD_READ_SIZE, reads.size)):
+        return None  # the head is in (or nothing is): the walk costs no request
+    start, tail = reads.buffers[-1]
+    if start + len(tail) != reads.size:
+        return None
+    box = moov_in_tail(tail, start, reads.size)
+    if box is None:
+        return None
+    moov = memoryview(tail)[box.start - start : box.end - start]
+    try:
+        found = await anyio.to_thread.run_sync(parse_moov, moov, name, reads.size)
+    except DecodeError:
+        return None
+    return found if isinstance(found, SampleTable) else None
 
 
 async def _find_moov(reads: _Reads, name: str) -> SampleTable | NoIndex:

@@ -733,6 +733,35 @@ async def test_read_tail_with_and_without_a_known_size(fake: FakeHub) -> None:
     assert [r.headers["Range"] for r in fake.cdn] == ["bytes=900-999", "bytes=-64", "bytes=-5000"]
 
 
+async def test_read_tail_in_parts(fake: FakeHub) -> None:
+    """``part_size``: the tail comes in concurrent parts. Without a known size, the Hub's
+    redirect tells it (X-Linked-Size): the first request stops there, and the parts go
+    to the CDN. A file the Hub serves itself (no redirect) gives its tail in one answer."""
+    data = fake.files[BLOB]
+    readme = fake.files[SMALL]
+    async with make_fetcher(fake) as f:
+        assert await f.read_tail(fake.ref(BLOB, size=False), 250, part_size=100) == (
+            data[-250:],
+            1000,
+        )
+        resolved = list(fake.hub)
+        assert await f.read_tail(fake.ref(BLOB), 150, part_size=100) == (data[-150:], 1000)
+        small = await f.read_tail(fake.ref(SMALL, size=False), 100, part_size=30)
+        stats = f.statistics()
+    assert small == (readme[-100:], len(readme))
+    assert [r.headers["Range"] for r in resolved] == ["bytes=-250"]  # answered by the 302
+    assert sorted(r.headers["Range"] for r in fake.cdn) == [
+        "bytes=750-849",
+        "bytes=850-949",
+        "bytes=850-949",
+        "bytes=950-999",
+        "bytes=950-999",
+    ]
+    assert [r.headers["Range"] for r in fake.hub] == ["bytes=-250", "bytes=-100"]
+    assert stats.requests["resolve"] == 2
+    assert stats.bytes_received == 250 + 150 + 100  # no byte twice
+
+
 async def test_iter_bytes_resumes_a_cut_body_with_if_range(fake: FakeHub) -> None:
     data = fake.files[BLOB]
     etag = f'"{fake.etag(BLOB)}"'

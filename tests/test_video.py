@@ -493,21 +493,103 @@ async def test_small_head_reads(videos: Videos, monkeypatch: pytest.MonkeyPatch,
             assert_frames(oracle, frames, [oracle.times[7], oracle.times[70]])
 
 
-async def test_unknown_size_reads_the_tail_then_the_head(
+async def test_unknown_size_moov_at_the_end_is_read_from_the_tail_alone(
     videos: Videos, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The tail's answer tells the size; a file longer than the tail read needs its head
-    too, in a second round trip (both at once would fetch a small file twice)."""
+    """The tail's answer tells the size, and it holds a ``moov`` that ends the file: the
+    index needs no head read, one round trip in all (not a byte of the head fetched)."""
     monkeypatch.setattr(video, "TAIL_READ_SIZE", 16 * 1024)
     oracle = videos["h264-gop250"]  # larger than the tail read, which holds moov
     source = LocalSource(oracle.path)
+    assert len(source.data) > 4 * 16 * 1024
+    file = FileRef(url="https://example.test/clip.mp4", path="clip.mp4")
+    async with video.open(file, fetcher=source) as reader:
+        assert [kind for kind, _ in source.calls] == ["tail"]
+        assert source.round_trips() == 1
+        stats = reader.statistics()
+        assert (stats.index_requests, stats.index_bytes) == (1, 16 * 1024)
+        assert reader.frame_count == len(oracle.times)
+        frames = await reader.frames_at(oracle.times[::17])
+        assert_frames(oracle, frames, oracle.times[::17])
+
+
+async def test_unknown_size_moov_elsewhere_reads_the_head_next(
+    videos: Videos, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A faststart file (``moov`` first) longer than the tail read: the tail holds no
+    ``moov`` that ends the file, so the head is read in a second round trip (both at
+    once would fetch a small file twice)."""
+    monkeypatch.setattr(video, "TAIL_READ_SIZE", 4 * 1024)
+    monkeypatch.setattr(video, "HEAD_READ_SIZE", 4 * 1024)
+    oracle = videos["h264-gop25-faststart"]
+    source = LocalSource(oracle.path)
+    assert len(source.data) > 4 * 4 * 1024
     file = FileRef(url="https://example.test/clip.mp4", path="clip.mp4")
     async with video.open(file, fetcher=source) as reader:
         assert [kind for kind, _ in source.calls] == ["tail", "ranges"]
+        assert source.calls[1][1] == [(0, 4 * 1024)]  # the head, which holds moov
         assert source.round_trips() == 2
         assert reader.statistics().index_requests == 2
         frames = await reader.frames_at(oracle.times[::17])
         assert_frames(oracle, frames, oracle.times[::17])
+
+
+def test_moov_in_tail() -> None:
+    """``moov`` found from the end: a box whose end, or that of the boxes after it, is the
+    end of the file; bytes that only look like a ``moov`` header are passed over."""
+
+    def box(kind: bytes, payload: bytes) -> bytes:
+        return struct.pack(">I", 8 + len(payload)) + kind + payload
+
+    moov = box(b"moov", box(b"mvhd", bytes(100)))
+    fake = struct.pack(">I", 4096) + b"moov"  # in mdat: its size ends nowhere in particular
+    mdat = box(b"mdat", bytes(5000) + fake + bytes(3000))
+    for after in [b"", box(b"free", bytes(20)), box(b"free", b"") + box(b"skip", bytes(9))]:
+        data = box(b"ftyp", bytes(24)) + mdat + moov + after
+        for cut in (0, 100, len(data) - len(moov) - len(after)):
+            found = _mp4.moov_in_tail(data[cut:], cut, len(data))
+            assert found is not None
+            assert (found.type, found.start, found.end) == (
+                "moov",
+                len(data) - len(moov) - len(after),
+                len(data) - len(after),
+            )
+        tail = len(data) - len(moov) - len(after) + 1  # moov's header not whole in the tail
+        assert _mp4.moov_in_tail(data[tail:], tail, len(data)) is None
+    data = box(b"ftyp", bytes(24)) + mdat + moov + b"junk!"  # moov does not end the file
+    assert _mp4.moov_in_tail(data, 0, len(data)) is None
+    with pytest.raises(ValueError, match="do not end"):
+        _mp4.moov_in_tail(data[:10], 0, len(data))
+
+
+async def test_a_tail_that_only_looks_like_moov_falls_back_to_the_head(
+    videos: Videos, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A ``free`` box before ``moov`` holds bytes that read as a ``moov`` header ending the
+    file: it does not parse, so the box walk from the head finds the real one."""
+    oracle = videos["h264-gop250"]
+    data = oracle.path.read_bytes()
+    top = _boxes(data, 0, len(data))
+    assert [k for k, _ in top][-1] == "moov"
+    moov_at = len(data) - len(top[-1][1]) - 8
+    decoy_rest = b"moov" + b"\xff" * 8  # a child box larger than its parent: corrupt
+    free_size = 8 + 8 + 4 + len(decoy_rest)
+    decoy_size = free_size - 16 + len(data) - moov_at  # from the decoy to the end of the file
+    free = struct.pack(">I", free_size) + b"free" + bytes(8)
+    free += struct.pack(">I", decoy_size) + decoy_rest
+    path = tmp_path / "decoy.mp4"
+    path.write_bytes(data[:moov_at] + free + data[moov_at:])
+    monkeypatch.setattr(video, "TAIL_READ_SIZE", len(data) - moov_at + 4096)
+    source = LocalSource(path)
+    file = FileRef(url="https://example.test/decoy.mp4", path="decoy.mp4")
+    found = _mp4.moov_in_tail(source.data[1000:], 1000, len(source.data))
+    assert found is not None
+    assert found.start == moov_at + 16  # the decoy
+    async with video.open(file, fetcher=source) as reader:
+        assert [kind for kind, _ in source.calls][:2] == ["tail", "ranges"]
+        assert reader.frame_count == len(oracle.times)
+        frames = await reader.frames_at(oracle.times[::23])
+        assert_frames(oracle, frames, oracle.times[::23])
 
 
 @pytest.mark.parametrize("head", [64 * 1024, 512 * 1024])
@@ -1197,3 +1279,35 @@ async def test_a_small_file_is_fetched_once_from_the_hub(tmp_path: Path) -> None
     assert (stats.frame_requests, stats.frame_bytes, stats.index_bytes) == (0, 0, size)
     assert_frames(oracle, frames, times)
     assert_frames(oracle, more, [played(oracle.times, 1.23)])
+
+
+async def test_unknown_size_over_the_hub_reads_the_index_in_one_round_of_parts(
+    videos: Videos, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A resolve URL without a size (what ``video.open(url)`` gets): the local Hub counts
+    one resolver request, whose redirect tells the size, then the tail of a moov-at-end
+    file in concurrent parts of ``_INDEX_PART`` (no head read, no byte twice), then the
+    frames' requests; PyAV's pixels."""
+    monkeypatch.setattr(video, "TAIL_READ_SIZE", 16 * 1024)
+    monkeypatch.setattr(video, "_INDEX_PART", 4 * 1024)
+    oracle = videos["h264-gop250"]
+    size = oracle.path.stat().st_size
+    assert size > 4 * 16 * 1024
+    times = [oracle.times[i] for i in (3, 120, 251)]
+    root = tmp_path / "hub"
+    make_repo(root, "org/clips", {"clip.mp4": oracle.path})
+    with HubServer(root, lfs_threshold=1024) as hub:
+        file = FileRef(hub.url("org/clips", "clip.mp4"), "clip.mp4")
+        assert file.size is None
+        hub.reset_stats()
+        async with video.open(file) as reader:
+            opened = hub.stats()
+            frames = await reader.frames_at(times)
+            stats = reader.statistics()
+        served = hub.stats()
+    assert (opened.by_bucket.get("resolvers"), opened.by_bucket.get("cdn")) == (1, 4)
+    assert opened.by_status.get(206) == 4
+    assert opened.bytes_served == 16 * 1024
+    assert (stats.index_requests, stats.index_bytes) == (1, 16 * 1024)
+    assert served.by_bucket.get("cdn") == 4 + stats.frame_requests
+    assert_frames(oracle, frames, times)

@@ -60,6 +60,7 @@ __all__ = [
     "NoIndex",
     "SampleTable",
     "container_kind",
+    "moov_in_tail",
     "parse_moov",
     "read_box_header",
 ]
@@ -272,6 +273,42 @@ def read_box_header(data: bytes | memoryview, pos: int, limit: int, name: str) -
             f"{size}, but {limit - pos} bytes remain"
         )
     return BoxHeader(box_type, pos, pos + size, header)
+
+
+def moov_in_tail(tail: bytes | memoryview, tail_start: int, size: int) -> BoxHeader | None:
+    """The top-level ``moov`` box that the last bytes of a file hold whole, found without
+    the head: a ``moov`` header whose box, and the top-level boxes after it (if any),
+    end exactly at the end of the file. None when there is no such box.
+
+    ``tail`` is bytes ``[tail_start, size)`` of a file of ``size`` bytes. A moov-at-end
+    file (``ftyp``, ``mdat``, ``moov``) is read from one tail read this way, where
+    walking the boxes from the start needs the head first (one more round trip). Eight
+    bytes of ``mdat`` payload that look like such a header (a size that lands exactly on
+    the end of the file, then ``moov``) are all that could mislead it; the caller parses
+    the box, and walks from the head when that fails.
+    """
+    data = bytes(tail)
+    if tail_start + len(data) != size:
+        raise ValueError(f"moov_in_tail: {len(data)} bytes at {tail_start} do not end at {size}")
+    at = data.find(b"moov", 4)
+    while at != -1:
+        try:
+            box = read_box_header(
+                data[at - 4 : at - 4 + BOX_HEADER_MAX], tail_start + at - 4, size, ""
+            )
+            end = box.end
+            while end < size:  # boxes after moov (free, ...): each whole, up to the end
+                rel = end - tail_start
+                after = read_box_header(data[rel : rel + BOX_HEADER_MAX], end, size, "")
+                if after.type not in _TOP_LEVEL or after.type == "moov":
+                    break
+                end = after.end
+        except DecodeError:
+            end = -1
+        if end == size:
+            return box
+        at = data.find(b"moov", at + 1)
+    return None
 
 
 def _children(data: memoryview, start: int, end: int, name: str) -> Iterator[BoxHeader]:
