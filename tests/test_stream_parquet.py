@@ -7,12 +7,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
 import aiostream_hf as ash
+from aiostream_hf._resolver import Resolver
 from aiostream_hf.testing import (
     Faults,
     HubServer,
@@ -167,8 +169,6 @@ async def test_no_byte_is_fetched_twice(
 
 
 async def test_thirty_two_concurrent_streams_resolve_once(root: Path, tmp_path: Path) -> None:
-    import anyio
-
     make_repo_split_naming(root)
     with HubServer(root) as hub:
         opts = _options(tmp_path)
@@ -220,11 +220,24 @@ async def test_a_resolvers_quota_is_waited_out(root: Path, tmp_path: Path) -> No
         expected += make_text_parquet(
             repo / f"part-{i}.parquet", rows=20, start_id=i * 20, min_text=5, max_text=10
         ).to_pylist()
-    with HubServer(root, rate_limits=RateLimits(resolvers=2, window_s=1)) as hub:
+    quota = RateLimits(resolvers=2, window_s=1)
+    with HubServer(root, rate_limits=quota, faults=Faults(latency_ms=20)) as hub:
         opts = _options(tmp_path, max_concurrency=4)
-        rows = await _collect(
-            ash.stream("hf://datasets/org/quota", endpoint=hub.endpoint, options=opts)
-        )
+        async with Resolver(options=opts) as resolver:
+            manifest = await resolver.resolve("hf://datasets/org/quota", endpoint=hub.endpoint)
+        # Three ranks of one manifest in one event loop (one client, one host gate), as
+        # DataLoader workers start: their first resolver requests leave together, before
+        # any answer says how many may follow, so more than the quota are in flight (one
+        # stream alone ramps up from one file, and is then paced by the RateLimit header).
+        rows: list[Any] = []
+
+        async def rank(r: int) -> None:
+            s = ash.stream(manifest, options=opts, rank=r, world_size=3)
+            rows.extend(await _collect(s))
+
+        async with anyio.create_task_group() as tg:
+            for r in range(3):
+                tg.start_soon(rank, r)
         stats = hub.stats()
     assert sorted(r["id"] for r in rows) == [r["id"] for r in expected]
     assert stats.throttled >= 1
