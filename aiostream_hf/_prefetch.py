@@ -72,15 +72,18 @@ class Ramp:
     delivered to the consumer, up to ``bound`` (slow start: it doubles each time a
     whole window is delivered, as TCP's congestion window does per round trip).
 
-    A readahead bounded by a ramp holds at most ``window`` results (running or
-    done), so a stream's first sample costs ``start`` units' requests, not
+    The readaheads bounded by a ramp hold, together, at most ``window`` results
+    (running or done; each may always hold one, so none waits on the others
+    forever). A stream's first sample so costs ``start`` units' requests, not
     ``bound``'s, and a long read runs at ``bound`` after ``bound - start`` results.
-    Memory stays within the readahead's own bounds: the window only lowers them.
+    Memory stays within the readaheads' own bounds: the window only lowers them.
 
-    Readaheads may share one ramp (a Parquet stream plans files through one and
-    loads their row groups through another): the one that delivers to the
-    consumer grows it (``grow()``), and every one bounded by it is woken when it
-    grows. Plain synchronous state, on one event loop.
+    A Parquet stream plans files through one readahead (a resolver request and a
+    tail read each) and loads their row groups through another: both share one ramp,
+    so the files planned and the units loaded ahead of the consumer are at most the
+    window together. The readahead that delivers to the consumer calls ``grow()``,
+    which wakes every readahead bounded by the ramp. Plain synchronous state, on one
+    event loop.
     """
 
     def __init__(self, bound: int, *, start: int = 1) -> None:
@@ -88,18 +91,24 @@ class Ramp:
             raise SourceError(f"Ramp: bound={bound} and start={start} must be >= 1")
         self.bound = bound
         self.window = min(start, bound)
-        self._wakers: list[Callable[[], None]] = []  # one per readahead bounded by it
+        # (held, wake) of each readahead bounded by it: two at most, for a stream
+        self._bounded: list[tuple[Callable[[], int], Callable[[], None]]] = []
 
-    def bounded(self, wake: Callable[[], None]) -> None:
-        """A readahead is bounded by this ramp: ``wake()`` it when the window grows."""
-        self._wakers.append(wake)
+    def bounded(self, held: Callable[[], int], wake: Callable[[], None]) -> None:
+        """A readahead is bounded by this ramp: ``held()`` counts its results, ``wake()``
+        is called when one more may run (a result delivered, the window grown)."""
+        self._bounded.append((held, wake))
+
+    def has_room(self) -> bool:
+        """True while the readaheads bounded by this ramp hold fewer than ``window``."""
+        return sum(held() for held, _ in self._bounded) < self.window
 
     def grow(self) -> None:
-        """One result reached the consumer: one more may run ahead (up to ``bound``)."""
-        if self.window < self.bound:
-            self.window += 1
-            for wake in self._wakers:
-                wake()
+        """One result reached the consumer (it is held no more): one more may run ahead,
+        and the window grows by one (up to ``bound``)."""
+        self.window = min(self.bound, self.window + 1)
+        for _, wake in self._bounded:
+            wake()
 
 
 class _Slot(Generic[T]):
@@ -156,9 +165,9 @@ async def aclose_source(source: object) -> None:
 class Prefetcher(Background, Generic[T]):
     """Runs jobs ahead of the consumer, in order, within a count and a byte budget.
 
-    ``ramp``: the count bound is also the ramp's window (see ``Ramp``); each result
-    delivered grows it, unless ``grow_ramp=False`` (a readahead feeding another one,
-    which grows the ramp as its own results reach the consumer).
+    ``ramp``: the results held by every readahead bounded by the ramp are at most its
+    window (see ``Ramp``); each result delivered grows it, unless ``grow_ramp=False``
+    (a readahead feeding another one, which grows it as its results reach the consumer).
     """
 
     def __init__(
@@ -188,7 +197,7 @@ class Prefetcher(Background, Generic[T]):
         self._started = self._delivered = 0
         self._max_held = self._max_held_bytes = 0
         if ramp is not None:
-            ramp.bounded(self._wake)
+            ramp.bounded(self._slots.__len__, self._wake)
 
     def statistics(self) -> PrefetchStatistics:
         return PrefetchStatistics(
@@ -212,12 +221,14 @@ class Prefetcher(Background, Generic[T]):
         self._space.set()
 
     def _has_room(self) -> bool:
-        return not self._slots or len(self._slots) < self._window()
+        if not self._slots:
+            return True  # one job always may run, whatever the budgets
+        if self._ramp is not None and not self._ramp.has_room():
+            return False
+        return len(self._slots) < self._max_count
 
     def _fits(self, cost: int) -> bool:
-        if not self._slots:
-            return True
-        return len(self._slots) < self._window() and self._held_bytes + cost <= self._max_bytes
+        return self._has_room() and (not self._slots or self._held_bytes + cost <= self._max_bytes)
 
     async def _wait_for_space(self) -> None:
         self._space = anyio.Event()

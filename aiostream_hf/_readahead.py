@@ -89,7 +89,7 @@ class LaneReadahead(Background, Generic[T]):
         self._max_held = self._max_held_bytes = 0
         self._ramp = ramp
         if ramp is not None:
-            ramp.bounded(self._notify)
+            ramp.bounded(self._lanes.__len__, self._notify)
 
     def statistics(self) -> PrefetchStatistics:
         """Counts of items (chunks); ``started`` counts lanes."""
@@ -122,7 +122,8 @@ class LaneReadahead(Background, Generic[T]):
             return True
         return (
             self._open < self._max_open
-            and len(self._lanes) < self._window()
+            and len(self._lanes) < self._max_lanes
+            and (self._ramp is None or self._ramp.has_room())
             and self._held_bytes < self._max_bytes
         )
 

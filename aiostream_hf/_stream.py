@@ -388,9 +388,9 @@ class Stream(Engine["tuple[_Tag, Any]"]):
                         await sizes.measured.wait()
 
             sizes = _UnitSizes()
-            # One ramp paces both readaheads: files are planned (a resolver request and
-            # a tail read each) and units loaded no further ahead than its window, which
-            # grows as units reach the consumer (slow start).
+            # One ramp bounds both readaheads: the files planned (a resolver request and
+            # a tail read each) and the units loaded ahead are at most its window
+            # together, which grows as units reach the consumer (slow start).
             ramp = Ramp(opts.prefetch_count)
             plan_ahead = Prefetcher(
                 plan_jobs(),

@@ -222,8 +222,9 @@ async def test_a_readahead_bounded_by_a_ramp_it_does_not_grow_is_woken_when_it_g
 
 async def test_two_readaheads_sharing_a_ramp_take_the_next_job_only_when_one_may_run() -> None:
     """A Parquet stream's shape: one readahead plans files, a second loads their units and
-    grows the ramp. Before the first unit is delivered, two plans have started (the file
-    being loaded and the next), not a whole window of them."""
+    grows the ramp; together they hold at most its window. Before the first unit is
+    delivered, two plans have started (the file being loaded and the next: a readahead
+    holding nothing may always run one), not a whole window of them."""
     plans: list[str] = []
     ramp = Ramp(8)
     planned = Prefetcher(
@@ -247,6 +248,9 @@ async def test_two_readaheads_sharing_a_ramp_take_the_next_job_only_when_one_may
             delivered += 1
             await anyio.wait_all_tasks_blocked()
             window = min(8, 1 + delivered)
-            # delivered files, a window of loaded units, a window of plans
-            assert len(plans) == min(40, delivered + 2 * window)
+            # the files delivered, and a window of units loaded and files planned together
+            assert len(plans) == min(40, delivered + window)
+            assert loaded.statistics().held + planned.statistics().held == min(
+                window, 40 - delivered
+            )
         assert delivered == 40
