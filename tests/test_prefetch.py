@@ -5,7 +5,7 @@ from collections.abc import AsyncIterator
 import anyio
 import pytest
 
-from aiostream_hf import ClosedResourceError
+from aiostream_hf import ClosedResourceError, SourceError
 from aiostream_hf._prefetch import Job, Prefetcher, Ramp
 
 pytestmark = pytest.mark.anyio
@@ -254,3 +254,15 @@ async def test_two_readaheads_sharing_a_ramp_take_the_next_job_only_when_one_may
                 window, 40 - delivered
             )
         assert delivered == 40
+
+
+def test_a_ramp_refuses_a_bound_or_start_below_one_and_never_passes_its_bound() -> None:
+    with pytest.raises(SourceError, match="bound=0"):
+        Ramp(0)
+    with pytest.raises(SourceError, match="start=0"):
+        Ramp(4, start=0)
+    ramp = Ramp(3, start=9)
+    assert ramp.window == 3
+    for _ in range(5):
+        ramp.grow()
+    assert ramp.window == 3
