@@ -38,7 +38,7 @@ from ._client import HubClient, use_client
 from ._exceptions import ClosedResourceError, SourceError, UsageError
 from ._fetcher import RangeFetcher
 from ._options import StreamOptions
-from ._prefetch import Job, Prefetcher, PrefetchStatistics
+from ._prefetch import Job, Prefetcher, PrefetchStatistics, Ramp
 from ._ranks import rank_and_world
 from ._resolver import Resolver
 
@@ -242,6 +242,9 @@ class EngineStatistics:
     fetcher / resolver / client: the ``statistics()`` of the fetcher, resolver and
         client of the last iteration, as dicts (empty before the first).
     max_prefetched / max_prefetched_bytes: the most units, and bytes, held read ahead.
+    prefetch_window: the units that may be read ahead now: the readahead starts one
+        unit (one file) ahead and grows by one per unit delivered, up to
+        ``StreamOptions.prefetch_count`` (0 before the first iteration).
     """
 
     fetcher: Mapping[str, Any] = field(default_factory=dict)
@@ -249,6 +252,7 @@ class EngineStatistics:
     client: Mapping[str, Any] = field(default_factory=dict)
     max_prefetched: int = 0
     max_prefetched_bytes: int = 0
+    prefetch_window: int = 0
 
 
 # -- the engine -----------------------------------------------------------------------------
@@ -354,11 +358,15 @@ class Engine(ABC, Generic[T]):
             yield r
 
     async def _read_ahead(
-        self, jobs: AsyncIterator[Job[T]], options: StreamOptions
+        self, jobs: AsyncIterator[Job[T]], options: StreamOptions, ramp: Ramp | None = None
     ) -> AsyncGenerator[T, None]:
-        """The results of ``jobs``, in order, run ahead within the options' budgets."""
+        """The results of ``jobs``, in order, run ahead within the options' budgets; the
+        count ramps up from one (``ramp``, else a ramp of its own to ``prefetch_count``)."""
         ahead: Prefetcher[T] = Prefetcher(
-            jobs, max_count=options.prefetch_count, max_bytes=options.prefetch_bytes
+            jobs,
+            max_count=options.prefetch_count,
+            max_bytes=options.prefetch_bytes,
+            ramp=ramp if ramp is not None else Ramp(options.prefetch_count),
         )
         self._prefetch = ahead
         async with ahead:
@@ -377,6 +385,7 @@ class Engine(ABC, Generic[T]):
             "client": asdict(r.client.statistics()) if r is not None else {},
             "max_prefetched": prefetch.max_held if prefetch else 0,
             "max_prefetched_bytes": prefetch.max_held_bytes if prefetch else 0,
+            "prefetch_window": prefetch.window if prefetch else 0,
         }
 
     # -- lifecycle ------------------------------------------------------------------------

@@ -12,6 +12,10 @@ larger than the budget still runs, alone). A job's ``held`` measures its
 result once done: from then on the result counts for what it really holds
 (a decoded row group, rather than the estimate reserved while it loaded). A
 result is released when the consumer takes the next one.
+
+A ``Ramp`` makes the count bound start small and grow as results reach the
+consumer (slow start), so that a reader that stops early (a first batch, a
+``head``) opened a few files, not ``max_count`` of them; see ``Ramp``.
 """
 
 from __future__ import annotations
@@ -28,7 +32,14 @@ from anyio.abc import TaskGroup
 
 from ._exceptions import ClosedResourceError, SourceError
 
-__all__ = ["Background", "Job", "PrefetchStatistics", "Prefetcher", "aclose_source"]
+__all__ = [
+    "Background",
+    "Job",
+    "PrefetchStatistics",
+    "Prefetcher",
+    "Ramp",
+    "aclose_source",
+]
 
 T = TypeVar("T")
 _B = TypeVar("_B", bound="Background")
@@ -43,6 +54,8 @@ class Job(Generic[T]):
 
 @dataclass(frozen=True)
 class PrefetchStatistics:
+    """``window``: the count bound now (``max_count``, or less while a ``Ramp`` grows)."""
+
     started: int
     delivered: int
     held: int
@@ -51,6 +64,51 @@ class PrefetchStatistics:
     max_held_bytes: int
     max_count: int
     max_bytes: int
+    window: int
+
+
+class Ramp:
+    """A readahead window that starts at ``start`` and grows by one per result
+    delivered to the consumer, up to ``bound`` (slow start: it doubles each time a
+    whole window is delivered, as TCP's congestion window does per round trip).
+
+    The readaheads bounded by a ramp hold, together, at most ``window`` results
+    (running or done; each may always hold one, so none waits on the others
+    forever). A stream's first sample so costs ``start`` units' requests, not
+    ``bound``'s, and a long read runs at ``bound`` after ``bound - start`` results.
+    Memory stays within the readaheads' own bounds: the window only lowers them.
+
+    A Parquet stream plans files through one readahead (a resolver request and a
+    tail read each) and loads their row groups through another: both share one ramp,
+    so the files planned and the units loaded ahead of the consumer are at most the
+    window together. The readahead that delivers to the consumer calls ``grow()``,
+    which wakes every readahead bounded by the ramp. Plain synchronous state, on one
+    event loop.
+    """
+
+    def __init__(self, bound: int, *, start: int = 1) -> None:
+        if bound < 1 or start < 1:
+            raise SourceError(f"Ramp: bound={bound} and start={start} must be >= 1")
+        self.bound = bound
+        self.window = min(start, bound)
+        # (held, wake) of each readahead bounded by it: two at most, for a stream
+        self._bounded: list[tuple[Callable[[], int], Callable[[], None]]] = []
+
+    def bounded(self, held: Callable[[], int], wake: Callable[[], None]) -> None:
+        """A readahead is bounded by this ramp: ``held()`` counts its results, ``wake()``
+        is called when one more may run (a result delivered, the window grown)."""
+        self._bounded.append((held, wake))
+
+    def has_room(self) -> bool:
+        """True while the readaheads bounded by this ramp hold fewer than ``window``."""
+        return sum(held() for held, _ in self._bounded) < self.window
+
+    def grow(self) -> None:
+        """One result reached the consumer (it is held no more): one more may run ahead,
+        and the window grows by one (up to ``bound``)."""
+        self.window = min(self.bound, self.window + 1)
+        for _, wake in self._bounded:
+            wake()
 
 
 class _Slot(Generic[T]):
@@ -105,9 +163,22 @@ async def aclose_source(source: object) -> None:
 
 
 class Prefetcher(Background, Generic[T]):
-    """Runs jobs ahead of the consumer, in order, within a count and a byte budget."""
+    """Runs jobs ahead of the consumer, in order, within a count and a byte budget.
 
-    def __init__(self, jobs: AsyncIterable[Job[T]], *, max_count: int, max_bytes: int) -> None:
+    ``ramp``: the results held by every readahead bounded by the ramp are at most its
+    window (see ``Ramp``); each result delivered grows it, unless ``grow_ramp=False``
+    (a readahead feeding another one, which grows it as its results reach the consumer).
+    """
+
+    def __init__(
+        self,
+        jobs: AsyncIterable[Job[T]],
+        *,
+        max_count: int,
+        max_bytes: int,
+        ramp: Ramp | None = None,
+        grow_ramp: bool = True,
+    ) -> None:
         if max_count < 1 or max_bytes < 1:
             raise SourceError(
                 f"Prefetcher: max_count={max_count} and max_bytes={max_bytes} must be >= 1"
@@ -115,6 +186,8 @@ class Prefetcher(Background, Generic[T]):
         self._jobs = jobs
         self._max_count = max_count
         self._max_bytes = max_bytes
+        self._ramp = ramp
+        self._grow_ramp = grow_ramp and ramp is not None
         self._slots: deque[_Slot[T]] = deque()
         self._held_bytes = 0
         self._space = anyio.Event()  # set when a slot is released
@@ -123,6 +196,8 @@ class Prefetcher(Background, Generic[T]):
         self._jobs_error: Exception | None = None
         self._started = self._delivered = 0
         self._max_held = self._max_held_bytes = 0
+        if ramp is not None:
+            ramp.bounded(self._slots.__len__, self._wake)
 
     def statistics(self) -> PrefetchStatistics:
         return PrefetchStatistics(
@@ -134,21 +209,46 @@ class Prefetcher(Background, Generic[T]):
             max_held_bytes=self._max_held_bytes,
             max_count=self._max_count,
             max_bytes=self._max_bytes,
+            window=self._window(),
         )
 
-    def _fits(self, cost: int) -> bool:
+    def _window(self) -> int:
+        if self._ramp is None:
+            return self._max_count
+        return min(self._max_count, self._ramp.window)
+
+    def _wake(self) -> None:
+        self._space.set()
+
+    def _has_room(self) -> bool:
         if not self._slots:
-            return True
-        return len(self._slots) < self._max_count and self._held_bytes + cost <= self._max_bytes
+            return True  # one job always may run, whatever the budgets
+        if self._ramp is not None and not self._ramp.has_room():
+            return False
+        return len(self._slots) < self._max_count
+
+    def _fits(self, cost: int) -> bool:
+        return self._has_room() and (not self._slots or self._held_bytes + cost <= self._max_bytes)
+
+    async def _wait_for_space(self) -> None:
+        self._space = anyio.Event()
+        await self._space.wait()
 
     async def _produce(self) -> None:
         assert self._tg is not None
         jobs = aiter(self._jobs)
         try:
-            async for job in jobs:
+            while True:
+                # The next job is taken only once one more may run by count: taking it
+                # can itself cost requests (a Parquet unit's job takes its file's plan).
+                while not self._has_room():
+                    await self._wait_for_space()
+                try:
+                    job = await anext(jobs)
+                except StopAsyncIteration:
+                    break
                 while not self._fits(job.cost):
-                    self._space = anyio.Event()
-                    await self._space.wait()
+                    await self._wait_for_space()
                 slot: _Slot[T] = _Slot(job.cost)
                 self._slots.append(slot)
                 self._held_bytes += job.cost
@@ -209,4 +309,7 @@ class Prefetcher(Background, Generic[T]):
         if slot.error is not None:
             raise slot.error
         self._delivered += 1
+        if self._grow_ramp:
+            assert self._ramp is not None
+            self._ramp.grow()
         return slot.value  # type: ignore[return-value]

@@ -23,7 +23,9 @@ waits, holding it, until the item fits; the lane the consumer reads from may
 always hold one item, so the consumer never waits on a budget filled by the
 lanes after it. Memory is therefore at most ``max_bytes`` plus one item per
 running lane. A lane's error reaches the consumer in order, after the items
-the lane gave before it.
+the lane gave before it. With a ``Ramp`` (``_prefetch.Ramp``), the lanes held are
+also at most its window, which grows by one per item delivered: the next file
+opens once the first item of the stream has reached the consumer.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from typing import Generic, TypeVar
 import anyio
 
 from ._exceptions import ClosedResourceError, SourceError
-from ._prefetch import Background, PrefetchStatistics, aclose_source
+from ._prefetch import Background, PrefetchStatistics, Ramp, aclose_source
 
 __all__ = ["Emit", "Lane", "LaneReadahead"]
 
@@ -65,6 +67,7 @@ class LaneReadahead(Background, Generic[T]):
         max_open: int,
         max_lanes: int,
         max_bytes: int,
+        ramp: Ramp | None = None,
     ) -> None:
         if max_open < 1 or max_lanes < max_open or max_bytes < 1:
             raise SourceError(
@@ -84,6 +87,9 @@ class LaneReadahead(Background, Generic[T]):
         self._sources_error: Exception | None = None
         self._started = self._delivered = 0
         self._max_held = self._max_held_bytes = 0
+        self._ramp = ramp
+        if ramp is not None:
+            ramp.bounded(self._lanes.__len__, self._notify)
 
     def statistics(self) -> PrefetchStatistics:
         """Counts of items (chunks); ``started`` counts lanes."""
@@ -96,7 +102,14 @@ class LaneReadahead(Background, Generic[T]):
             max_held_bytes=self._max_held_bytes,
             max_count=self._max_lanes,
             max_bytes=self._max_bytes,
+            window=self._window(),
         )
+
+    def _window(self) -> int:
+        """Lanes that may be held now: ``max_lanes``, or the ramp's window while it grows."""
+        if self._ramp is None:
+            return self._max_lanes
+        return min(self._max_lanes, self._ramp.window)
 
     # -- coordination (plain synchronous state) ----------------------------------------------
 
@@ -110,6 +123,7 @@ class LaneReadahead(Background, Generic[T]):
         return (
             self._open < self._max_open
             and len(self._lanes) < self._max_lanes
+            and (self._ramp is None or self._ramp.has_room())
             and self._held_bytes < self._max_bytes
         )
 
@@ -190,6 +204,8 @@ class LaneReadahead(Background, Generic[T]):
                 self._held_bytes -= cost
                 self._held_items -= 1
                 self._delivered += 1
+                if self._ramp is not None:
+                    self._ramp.grow()
                 self._notify()
                 return item
             if lane.done:

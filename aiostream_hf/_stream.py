@@ -48,7 +48,7 @@ from ._exceptions import DecodeError, SourceError
 from ._fetcher import RangeFetcher
 from ._models import FileRef, Manifest
 from ._options import StreamOptions
-from ._prefetch import Job, Prefetcher
+from ._prefetch import Job, Prefetcher, Ramp
 from ._readahead import Emit, Lane, LaneReadahead
 from ._sources import parse_sources
 from .formats import (
@@ -392,9 +392,19 @@ class Stream(Engine["tuple[_Tag, Any]"]):
             sizes = _UnitSizes()
             # Decodes beyond the cores only slow the one the consumer waits for.
             decoding = anyio.CapacityLimiter(_cpu_count())
-            plan_ahead = Prefetcher(plan_jobs(), max_count=opts.prefetch_count, max_bytes=1 << 62)
+            # One ramp bounds both readaheads: the files planned (a resolver request and
+            # a tail read each) and the units loaded ahead are at most its window
+            # together, which grows as units reach the consumer (slow start).
+            ramp = Ramp(opts.prefetch_count)
+            plan_ahead = Prefetcher(
+                plan_jobs(),
+                max_count=opts.prefetch_count,
+                max_bytes=1 << 62,
+                ramp=ramp,
+                grow_ramp=False,
+            )
             async with plan_ahead:
-                loaded = self._read_ahead(unit_jobs(plan_ahead), opts)
+                loaded = self._read_ahead(unit_jobs(plan_ahead), opts, ramp)
                 try:
                     async for item in loaded:
                         yield item
@@ -446,6 +456,7 @@ class Stream(Engine["tuple[_Tag, Any]"]):
             max_open=1 + decoder.readahead,
             max_lanes=max(opts.prefetch_count, 1 + decoder.readahead),
             max_bytes=opts.prefetch_bytes,
+            ramp=Ramp(max(opts.prefetch_count, 1 + decoder.readahead)),
         )
         self._prefetch = readahead
         async with readahead:

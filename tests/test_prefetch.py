@@ -5,8 +5,8 @@ from collections.abc import AsyncIterator
 import anyio
 import pytest
 
-from aiostream_hf import ClosedResourceError
-from aiostream_hf._prefetch import Job, Prefetcher
+from aiostream_hf import ClosedResourceError, SourceError
+from aiostream_hf._prefetch import Job, Prefetcher, Ramp
 
 pytestmark = pytest.mark.anyio
 
@@ -179,3 +179,90 @@ async def test_a_result_that_holds_less_than_reserved_frees_room_for_the_next() 
         await anyio.wait_all_tasks_blocked()
         assert order[:2] == ["start 0", "start 1"]
         assert [v async for v in p] == [0, 1, 2]
+
+
+async def test_a_ramp_starts_one_job_ahead_and_grows_by_one_per_delivered_result() -> None:
+    log: list[str] = []
+    ramp = Ramp(4)
+    async with Prefetcher(_jobs([1] * 12, log), max_count=4, max_bytes=100, ramp=ramp) as p:
+        await anyio.wait_all_tasks_blocked()
+        assert log == ["start 0"]  # nothing delivered yet: one job runs
+        assert p.statistics().window == 1
+        delivered = 0
+        async for value in p:
+            delivered += 1
+            assert value == delivered - 1
+            await anyio.wait_all_tasks_blocked()
+            window = min(4, 1 + delivered)
+            assert p.statistics().window == ramp.window == window
+            # the consumer holds `delivered` results; the window runs ahead of them
+            assert len(log) == min(12, delivered + window)
+        assert p.statistics().max_held == 4  # it reached its bound, and stayed in it
+
+
+async def test_a_readahead_bounded_by_a_ramp_it_does_not_grow_is_woken_when_it_grows() -> None:
+    log: list[str] = []
+    ramp = Ramp(8)
+    jobs = _jobs([1] * 12, log)
+    async with Prefetcher(jobs, max_count=3, max_bytes=100, ramp=ramp, grow_ramp=False) as p:
+        await anyio.wait_all_tasks_blocked()
+        assert log == ["start 0"]
+        ramp.grow()  # another readahead delivered one: this one may run one more
+        await anyio.wait_all_tasks_blocked()
+        assert log == ["start 0", "start 1"]
+        for _ in range(5):
+            ramp.grow()
+        await anyio.wait_all_tasks_blocked()
+        assert len(log) == 3  # its own max_count still bounds it
+        assert await p.__anext__() == 0
+        await anyio.wait_all_tasks_blocked()
+        assert ramp.window == 7  # not grown by this readahead's deliveries
+        assert len(log) == 4
+
+
+async def test_two_readaheads_sharing_a_ramp_take_the_next_job_only_when_one_may_run() -> None:
+    """A Parquet stream's shape: one readahead plans files, a second loads their units and
+    grows the ramp; together they hold at most its window. Before the first unit is
+    delivered, two plans have started (the file being loaded and the next: a readahead
+    holding nothing may always run one), not a whole window of them."""
+    plans: list[str] = []
+    ramp = Ramp(8)
+    planned = Prefetcher(
+        _jobs([1] * 40, plans), max_count=8, max_bytes=100, ramp=ramp, grow_ramp=False
+    )
+
+    async def unit_jobs() -> AsyncIterator[Job[int]]:
+        async for plan in planned:
+
+            async def load(plan: int = plan) -> int:
+                return plan
+
+            yield Job(1, load)
+
+    async with planned, Prefetcher(unit_jobs(), max_count=8, max_bytes=100, ramp=ramp) as loaded:
+        await anyio.wait_all_tasks_blocked()
+        assert plans == ["start 0", "start 1"]
+        delivered = 0
+        async for value in loaded:
+            assert value == delivered
+            delivered += 1
+            await anyio.wait_all_tasks_blocked()
+            window = min(8, 1 + delivered)
+            # the files delivered, and a window of units loaded and files planned together
+            assert len(plans) == min(40, delivered + window)
+            assert loaded.statistics().held + planned.statistics().held == min(
+                window, 40 - delivered
+            )
+        assert delivered == 40
+
+
+def test_a_ramp_refuses_a_bound_or_start_below_one_and_never_passes_its_bound() -> None:
+    with pytest.raises(SourceError, match="bound=0"):
+        Ramp(0)
+    with pytest.raises(SourceError, match="start=0"):
+        Ramp(4, start=0)
+    ramp = Ramp(3, start=9)
+    assert ramp.window == 3
+    for _ in range(5):
+        ramp.grow()
+    assert ramp.window == 3

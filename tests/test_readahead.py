@@ -9,6 +9,7 @@ import anyio.lowlevel
 import pytest
 
 from aiostream_hf import ClosedResourceError, SourceError
+from aiostream_hf._prefetch import Ramp
 from aiostream_hf._readahead import Emit, Lane, LaneReadahead
 
 pytestmark = pytest.mark.anyio
@@ -130,3 +131,23 @@ async def test_misuse_is_refused() -> None:
     with pytest.raises(ClosedResourceError, match="runs once"):
         async with ahead:
             pass
+
+
+async def test_a_ramp_opens_the_next_lane_once_an_item_reached_the_consumer() -> None:
+    log = Log()
+    ramp = Ramp(8)
+    readahead = LaneReadahead(
+        lanes([3] * 6, log), max_open=3, max_lanes=8, max_bytes=1 << 20, ramp=ramp
+    )
+    async with readahead as items:
+        await anyio.wait_all_tasks_blocked()
+        assert log.started == [0]  # one file open before anything is delivered
+        assert readahead.statistics().window == 1
+        got = [await items.__anext__()]
+        await anyio.wait_all_tasks_blocked()
+        assert ramp.window == 2
+        assert log.started == [0, 1]
+        got += [item async for item in items]
+    assert got == [(i, j) for i in range(6) for j in range(3)]
+    assert log.max_running <= 3
+    assert readahead.statistics().window == 8

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
@@ -15,7 +16,9 @@ import pytest
 
 import aiostream_hf as ash
 from aiostream_hf._models import FileRef
+from aiostream_hf._resolver import Resolver
 from aiostream_hf.formats import ByteSource, Decoder, ReadRequest, Unit
+from aiostream_hf.formats.parquet import ParquetDecoder
 from aiostream_hf.testing import (
     Faults,
     HubServer,
@@ -170,8 +173,6 @@ async def test_no_byte_is_fetched_twice(
 
 
 async def test_thirty_two_concurrent_streams_resolve_once(root: Path, tmp_path: Path) -> None:
-    import anyio
-
     make_repo_split_naming(root)
     with HubServer(root) as hub:
         opts = _options(tmp_path)
@@ -223,11 +224,24 @@ async def test_a_resolvers_quota_is_waited_out(root: Path, tmp_path: Path) -> No
         expected += make_text_parquet(
             repo / f"part-{i}.parquet", rows=20, start_id=i * 20, min_text=5, max_text=10
         ).to_pylist()
-    with HubServer(root, rate_limits=RateLimits(resolvers=2, window_s=1)) as hub:
+    quota = RateLimits(resolvers=2, window_s=1)
+    with HubServer(root, rate_limits=quota, faults=Faults(latency_ms=20)) as hub:
         opts = _options(tmp_path, max_concurrency=4)
-        rows = await _collect(
-            ash.stream("hf://datasets/org/quota", endpoint=hub.endpoint, options=opts)
-        )
+        async with Resolver(options=opts) as resolver:
+            manifest = await resolver.resolve("hf://datasets/org/quota", endpoint=hub.endpoint)
+        # Three ranks of one manifest in one event loop (one client, one host gate), as
+        # DataLoader workers start: their first resolver requests leave together, before
+        # any answer says how many may follow, so more than the quota are in flight (one
+        # stream alone ramps up from one file, and is then paced by the RateLimit header).
+        rows: list[Any] = []
+
+        async def rank(r: int) -> None:
+            s = ash.stream(manifest, options=opts, rank=r, world_size=3)
+            rows.extend(await _collect(s))
+
+        async with anyio.create_task_group() as tg:
+            for r in range(3):
+                tg.start_soon(rank, r)
         stats = hub.stats()
     assert sorted(r["id"] for r in rows) == [r["id"] for r in expected]
     # 6 files at 2 per window need 3 windows: the first request's RateLimit header
@@ -235,6 +249,83 @@ async def test_a_resolvers_quota_is_waited_out(root: Path, tmp_path: Path) -> No
     # for, so the server refuses nothing (before the shared count: a burst of 429s).
     assert stats.throttled == 0
     assert stats.by_bucket["resolvers"] == 6
+
+
+class _CountsAtFirstDecode(ParquetDecoder):
+    """Parquet, noting the server's resolver requests when the first unit is decoded:
+    nothing reaches the consumer before that unit, and the readahead's window grows only
+    as units reach it, so the count bounds what the stream asked before its first row."""
+
+    def __init__(self, hub: HubServer) -> None:
+        self._hub = hub
+        self.resolvers: int | None = None
+
+    def decode(self, unit: Any, fetched: Any, request: Any) -> pa.Table:
+        if self.resolvers is None:
+            self.resolvers = self._hub.stats().by_bucket.get("resolvers", 0)
+        return super().decode(unit, fetched, request)
+
+
+def _many_files(root: Path, files: int, *, rows: int, row_group_size: int) -> list[Any]:
+    repo = make_repo(root, "org/many", {})
+    expected: list[Any] = []
+    for i in range(files):
+        path = repo / "data" / f"train-{i:05d}-of-{files:05d}.parquet"
+        table = make_text_parquet(
+            path,
+            rows=rows,
+            row_group_size=row_group_size,
+            start_id=i * rows,
+            min_text=5,
+            max_text=10,
+            seed=i,
+        )
+        expected += table.to_pylist()
+    return expected
+
+
+async def test_resolver_requests_ramp_up_from_one_file(root: Path, tmp_path: Path) -> None:
+    """A stream over many small files plans the file it reads and the next one before
+    its first row (two resolver requests), not a whole readahead of files; then the
+    window grows to prefetch_count and the epoch delivers every row once."""
+    expected = _many_files(root, 40, rows=10, row_group_size=10)
+    with HubServer(root, faults=Faults(latency_ms=5)) as hub:
+        opts = _options(tmp_path)
+        async with Resolver(options=opts) as resolver:
+            manifest = await resolver.resolve("hf://datasets/org/many", endpoint=hub.endpoint)
+        hub.reset_stats()
+        counting = _CountsAtFirstDecode(hub)
+        s = ash.stream(manifest, format=counting, options=opts)
+        async with s:
+            rows = []
+            async for row in s:
+                if not rows:
+                    first = s.statistics()
+                rows.append(row)
+        stats = hub.stats()
+    assert counting.resolvers is not None
+    assert 1 <= counting.resolvers <= 2
+    assert first.prefetch_window <= 3  # one unit delivered, or two (the channel holds one)
+    assert [r["id"] for r in rows] == [r["id"] for r in expected]
+    assert rows == expected
+    assert stats.by_bucket["resolvers"] == 40  # each file once: the ramp re-reads nothing
+    assert stats.by_bucket.get("api", 0) == 0  # the manifest was given
+    end = s.statistics()
+    assert end.prefetch_window == opts.prefetch_count == 8
+    assert end.max_prefetched <= 8
+
+
+async def test_a_ramped_stream_reads_units_of_many_files_once_under_faults(
+    root: Path, tmp_path: Path
+) -> None:
+    """Files of several row groups, with 503s and cut bodies: every row exactly once."""
+    expected = _many_files(root, 12, rows=30, row_group_size=10)
+    faults = Faults(error_every=7, cut_every=5, latency_ms=2)
+    with HubServer(root, faults=faults) as hub:
+        s = ash.stream("hf://datasets/org/many", endpoint=hub.endpoint, options=_options(tmp_path))
+        rows = await _collect(s)
+    assert rows == expected
+    assert s.statistics().prefetch_window == 8
 
 
 async def test_columns_filter_batches_shuffle_and_ranks(root: Path, tmp_path: Path) -> None:
