@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections import deque
-from collections.abc import AsyncIterable, Awaitable, Callable
+from collections.abc import AsyncIterable, Awaitable, Callable, Hashable
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Generic, TypeVar
@@ -50,6 +50,10 @@ class Job(Generic[T]):
     cost: int
     run: Callable[[], Awaitable[T]]
     held: Callable[[T], int] | None = None
+    #: Jobs of one group (a Parquet file's row groups) count once against a ramp: the
+    #: ramp bounds what opening a group costs (a file's resolver request), and a group
+    #: already held costs nothing more. None: a group of its own.
+    group: Hashable | None = None
 
 
 @dataclass(frozen=True)
@@ -112,10 +116,11 @@ class Ramp:
 
 
 class _Slot(Generic[T]):
-    __slots__ = ("cost", "done", "error", "value")
+    __slots__ = ("cost", "done", "error", "group", "value")
 
-    def __init__(self, cost: int) -> None:
+    def __init__(self, cost: int, group: Hashable | None = None) -> None:
         self.cost = cost
+        self.group = group
         self.done = anyio.Event()
         self.value: T | None = None
         self.error: BaseException | None = None
@@ -197,7 +202,7 @@ class Prefetcher(Background, Generic[T]):
         self._started = self._delivered = 0
         self._max_held = self._max_held_bytes = 0
         if ramp is not None:
-            ramp.bounded(self._slots.__len__, self._wake)
+            ramp.bounded(self._groups_held, self._wake)
 
     def statistics(self) -> PrefetchStatistics:
         return PrefetchStatistics(
@@ -220,15 +225,32 @@ class Prefetcher(Background, Generic[T]):
     def _wake(self) -> None:
         self._space.set()
 
+    def _groups_held(self) -> int:
+        """What this readahead holds against its ramp: its groups (each job without one
+        is a group of its own)."""
+        return len({id(slot) if slot.group is None else slot.group for slot in self._slots})
+
     def _has_room(self) -> bool:
+        """One more job may run by count and by the ramp: before the next job is taken,
+        for taking it can itself cost requests (a Parquet unit's job takes its file's
+        plan). Jobs come in order, so one of the group held last may be next: it is
+        taken, and judged by ``_fits`` once its group is known."""
+        if not self._slots:
+            return True
+        if self._ramp is not None and not self._ramp.has_room():
+            last = self._slots[-1].group
+            if last is None:
+                return False
+        return len(self._slots) < self._max_count
+
+    def _fits(self, job: Job[T]) -> bool:
         if not self._slots:
             return True  # one job always may run, whatever the budgets
         if self._ramp is not None and not self._ramp.has_room():
-            return False
-        return len(self._slots) < self._max_count
-
-    def _fits(self, cost: int) -> bool:
-        return self._has_room() and (not self._slots or self._held_bytes + cost <= self._max_bytes)
+            held = job.group is not None and any(s.group == job.group for s in self._slots)
+            if not held:
+                return False
+        return len(self._slots) < self._max_count and self._held_bytes + job.cost <= self._max_bytes
 
     async def _wait_for_space(self) -> None:
         self._space = anyio.Event()
@@ -247,9 +269,9 @@ class Prefetcher(Background, Generic[T]):
                     job = await anext(jobs)
                 except StopAsyncIteration:
                     break
-                while not self._fits(job.cost):
+                while not self._fits(job):
                     await self._wait_for_space()
-                slot: _Slot[T] = _Slot(job.cost)
+                slot: _Slot[T] = _Slot(job.cost, job.group)
                 self._slots.append(slot)
                 self._held_bytes += job.cost
                 self._started += 1

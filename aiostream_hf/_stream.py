@@ -384,7 +384,7 @@ class Stream(Engine["tuple[_Tag, Any]"]):
                         tag = _Tag(pos, unit.index, file_seq, skip, next_file_seq=after)
                         decoder = decoders[unit.file.url]
                         run = partial(self._load, decoder, unit, fetcher, tag, sizes, decoding)
-                        yield Job(sizes.reserve(unit), run, held=_held_bytes)
+                        yield Job(sizes.reserve(unit), run, held=_held_bytes, group=pos)
                         sizes.started += 1
                         if sizes.started >= _UNMEASURED_UNITS:
                             await sizes.measured.wait()
@@ -393,8 +393,9 @@ class Stream(Engine["tuple[_Tag, Any]"]):
             # Decodes beyond the cores only slow the one the consumer waits for.
             decoding = anyio.CapacityLimiter(_cpu_count())
             # One ramp bounds both readaheads: the files planned (a resolver request and
-            # a tail read each) and the units loaded ahead are at most its window
-            # together, which grows as units reach the consumer (slow start).
+            # a tail read each) and the files whose units are loading are at most its
+            # window together, which grows as units reach the consumer (slow start). The
+            # row groups of a file being read load freely (they cost no resolution).
             ramp = Ramp(opts.prefetch_count)
             plan_ahead = Prefetcher(
                 plan_jobs(),

@@ -266,3 +266,30 @@ def test_a_ramp_refuses_a_bound_or_start_below_one_and_never_passes_its_bound() 
     for _ in range(5):
         ramp.grow()
     assert ramp.window == 3
+
+
+async def test_the_jobs_of_a_group_held_count_once_against_a_ramp() -> None:
+    """A Parquet file's row groups cost no resolution once its file is open: with a ramp
+    at one, every job of the first group starts at once, and the second group's first
+    job waits for a delivery (which grows the ramp)."""
+    started: list[tuple[int, int]] = []
+    ramp = Ramp(8)
+
+    async def jobs() -> AsyncIterator[Job[tuple[int, int]]]:
+        for group in range(3):
+            for i in range(4):
+
+                async def run(key: tuple[int, int] = (group, i)) -> tuple[int, int]:
+                    started.append(key)
+                    return key
+
+                yield Job(1, run, group=group)
+
+    async with Prefetcher(jobs(), max_count=8, max_bytes=100, ramp=ramp) as ahead:
+        await anyio.wait_all_tasks_blocked()
+        assert sorted(started) == [(0, i) for i in range(4)]  # tasks start in any order
+        got = [await ahead.__anext__()]
+        await anyio.wait_all_tasks_blocked()
+        assert (1, 0) in started  # one delivery: the window is two, the next group opens
+        got += [item async for item in ahead]
+    assert got == [(g, i) for g in range(3) for i in range(4)]
