@@ -54,6 +54,8 @@ class Job(Generic[T]):
     #: ramp bounds what opening a group costs (a file's resolver request), and a group
     #: already held costs nothing more. None: a group of its own.
     group: Hashable | None = None
+    #: Another job of this group comes next (so taking it opens nothing new).
+    more_in_group: bool = False
 
 
 @dataclass(frozen=True)
@@ -116,11 +118,12 @@ class Ramp:
 
 
 class _Slot(Generic[T]):
-    __slots__ = ("cost", "done", "error", "group", "value")
+    __slots__ = ("cost", "done", "error", "group", "more_in_group", "value")
 
-    def __init__(self, cost: int, group: Hashable | None = None) -> None:
+    def __init__(self, cost: int, group: Hashable | None = None, more: bool = False) -> None:
         self.cost = cost
         self.group = group
+        self.more_in_group = more
         self.done = anyio.Event()
         self.value: T | None = None
         self.error: BaseException | None = None
@@ -233,14 +236,13 @@ class Prefetcher(Background, Generic[T]):
     def _has_room(self) -> bool:
         """One more job may run by count and by the ramp: before the next job is taken,
         for taking it can itself cost requests (a Parquet unit's job takes its file's
-        plan). Jobs come in order, so one of the group held last may be next: it is
-        taken, and judged by ``_fits`` once its group is known."""
+        plan). When the job taken last says another of its group comes next, that one
+        opens nothing new: it is taken, and judged by ``_fits``."""
         if not self._slots:
             return True
-        if self._ramp is not None and not self._ramp.has_room():
-            last = self._slots[-1].group
-            if last is None:
-                return False
+        ramp_full = self._ramp is not None and not self._ramp.has_room()
+        if ramp_full and not self._slots[-1].more_in_group:
+            return False
         return len(self._slots) < self._max_count
 
     def _fits(self, job: Job[T]) -> bool:
@@ -271,7 +273,7 @@ class Prefetcher(Background, Generic[T]):
                     break
                 while not self._fits(job):
                     await self._wait_for_space()
-                slot: _Slot[T] = _Slot(job.cost, job.group)
+                slot: _Slot[T] = _Slot(job.cost, job.group, job.more_in_group)
                 self._slots.append(slot)
                 self._held_bytes += job.cost
                 self._started += 1

@@ -384,7 +384,13 @@ class Stream(Engine["tuple[_Tag, Any]"]):
                         tag = _Tag(pos, unit.index, file_seq, skip, next_file_seq=after)
                         decoder = decoders[unit.file.url]
                         run = partial(self._load, decoder, unit, fetcher, tag, sizes, decoding)
-                        yield Job(sizes.reserve(unit), run, held=_held_bytes, group=pos)
+                        yield Job(
+                            sizes.reserve(unit),
+                            run,
+                            held=_held_bytes,
+                            group=pos,
+                            more_in_group=unit is not last,
+                        )
                         sizes.started += 1
                         if sizes.started >= _UNMEASURED_UNITS:
                             await sizes.measured.wait()

@@ -283,7 +283,7 @@ async def test_the_jobs_of_a_group_held_count_once_against_a_ramp() -> None:
                     started.append(key)
                     return key
 
-                yield Job(1, run, group=group)
+                yield Job(1, run, group=group, more_in_group=i < 3)
 
     async with Prefetcher(jobs(), max_count=8, max_bytes=100, ramp=ramp) as ahead:
         await anyio.wait_all_tasks_blocked()
