@@ -306,17 +306,8 @@ class RangeFetcher:
         over ``options.max_range_size`` (``part_size``, when given) are split; all
         are fetched concurrently.
         """
-        self._check_open()
-        spans = [_check_range(file, s, e) for s, e in ranges]
-        if not spans:
-            return []
-        path = _local_path(file.url)
-        if path is not None:
-            return await self._read_local(file, path, spans)
-        max_size = self.options.max_range_size if part_size is None else part_size
-        parts = coalesce_ranges(spans, gap=self.options.coalesce_gap, max_size=max_size)
-        data = await self._fetch_parts(file, parts)  # bytes: not received in place
-        return cast(list[bytes], _assemble(spans, parts, data))
+        data = await self._read_spans(file, ranges, part_size=part_size, in_place=False)
+        return cast(list[bytes], data)  # bytes: not received in place
 
     async def read_buffers(
         self, file: FileRef, ranges: Sequence[tuple[int, int]]
@@ -324,19 +315,30 @@ class RangeFetcher:
         """``read_ranges``, as read-only views: each request's body is received in place,
         into one buffer of its size (a socket read straight into it, without the GIL),
         never joined from pieces. For decoders that take any buffer (Parquet)."""
+        data = await self._read_spans(file, ranges, part_size=None, in_place=True)
+        return [memoryview(b) for b in data]
+
+    async def _read_spans(
+        self,
+        file: FileRef,
+        ranges: Sequence[tuple[int, int]],
+        *,
+        part_size: int | None,
+        in_place: bool,
+    ) -> list[bytes | bytearray | memoryview]:
         self._check_open()
         spans = [_check_range(file, s, e) for s, e in ranges]
         if not spans:
             return []
         path = _local_path(file.url)
         if path is not None:
-            return [memoryview(b) for b in await self._read_local(file, path, spans)]
-        parts = coalesce_ranges(
-            spans, gap=self.options.coalesce_gap, max_size=self.options.max_range_size
-        )
-        data = await self._fetch_parts(file, parts, in_place=True)
-        views = [memoryview(b).toreadonly() for b in data]
-        return [memoryview(b) for b in _assemble(spans, parts, views)]
+            return list(await self._read_local(file, path, spans))
+        max_size = self.options.max_range_size if part_size is None else part_size
+        parts = coalesce_ranges(spans, gap=self.options.coalesce_gap, max_size=max_size)
+        data = await self._fetch_parts(file, parts, in_place=in_place)
+        if in_place:  # views: cut without a copy, read-only for the decoder
+            return _assemble(spans, parts, [memoryview(b).toreadonly() for b in data])
+        return _assemble(spans, parts, data)
 
     async def read_tail(
         self, file: FileRef, n: int, *, part_size: int | None = None
