@@ -61,6 +61,7 @@ from .formats import (
     Unit,
     decoder_for,
 )
+from .formats._split import usable_cpus
 
 __all__ = ["Stream", "StreamStatistics", "stream"]
 
@@ -397,7 +398,7 @@ class Stream(Engine["tuple[_Tag, Any]"]):
 
             sizes = _UnitSizes()
             # Decodes beyond the cores only slow the one the consumer waits for.
-            decoding = anyio.CapacityLimiter(_cpu_count())
+            decoding = anyio.CapacityLimiter(usable_cpus())
             # One ramp bounds both readaheads: the files planned (a resolver request and
             # a tail read each) and the files whose units are loading are at most its
             # window together, which grows as units reach the consumer (slow start). The
@@ -653,13 +654,6 @@ class Stream(Engine["tuple[_Tag, Any]"]):
 
 #: Units that start before any unit is measured (see ``_UnitSizes``).
 _UNMEASURED_UNITS = 2
-
-
-def _cpu_count() -> int:
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
 
 
 class _UnitSizes:

@@ -83,7 +83,7 @@ from .formats._mp4 import (
     parse_moov,
     read_box_header,
 )
-from .formats._split import next_job, split
+from .formats._split import next_job, split, usable_cpus
 
 if TYPE_CHECKING:
     from ._options import StreamOptions
@@ -434,7 +434,7 @@ class VideoReader:
                     reads.append((arrivals, ranges))
                     for i in group:
                         arrivals_of[i] = arrivals
-        workers = min(_cores(), len(runs))
+        workers = min(usable_cpus(), len(runs))
         queues = split(costs, workers)
         stop = threading.Event()  # the decode threads stop at their next sample
         arrived = anyio.Event()  # the first bytes are in (or there are none to read)
@@ -1187,16 +1187,9 @@ def _decode_limiter() -> anyio.CapacityLimiter:
     try:
         return _decode_limiter_var.get()
     except LookupError:
-        limiter = anyio.CapacityLimiter(_cores())
+        limiter = anyio.CapacityLimiter(usable_cpus())
         _decode_limiter_var.set(limiter)
         return limiter
-
-
-def _cores() -> int:
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # not on Linux
-        return max(1, os.cpu_count() or 1)
 
 
 def _to_rgb(frames: dict[int, VideoFrame]) -> dict[int, Array]:

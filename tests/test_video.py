@@ -384,7 +384,7 @@ async def test_a_decoder_is_flushed_and_used_again_for_a_later_run(
     """Two decode threads, four or five runs (an open GOP's leading frames join two):
     each thread flushes its decoder after a run and starts its next run with it, and
     the frames are still PyAV's. (LeRobot's AV1 items are checked the same way.)"""
-    monkeypatch.setattr(video, "_cores", lambda: 2)
+    monkeypatch.setattr(video, "usable_cpus", lambda: 2)
     oracle = videos[name]
     keys = [i for i, (_, _, _, is_key) in enumerate(oracle.packets) if is_key]
     assert len(keys) >= 5
@@ -618,7 +618,7 @@ async def test_runs_decode_as_their_bytes_arrive(
     """The GOPs of one call decode in parallel, each as soon as its bytes are in: the last
     GOP's bytes arrive only after the first GOP has decoded."""
     monkeypatch.setattr(video, "_VIDEO_COALESCE_GAP", 0)  # one read per GOP
-    monkeypatch.setattr(video, "_cores", lambda: 2)  # one thread waits, one decodes
+    monkeypatch.setattr(video, "usable_cpus", lambda: 2)  # one thread waits, one decodes
     oracle = videos["h264-gop25-moov-end"]
     decoded = anyio.Event()
     decode_run = video._Indexed.decode_run

@@ -14,9 +14,10 @@ share the queues without a lock.
 
 from __future__ import annotations
 
+import os
 from collections import deque
 
-__all__ = ["next_job", "split"]
+__all__ = ["next_job", "split", "usable_cpus"]
 
 
 def split(costs: list[int], workers: int) -> list[deque[int]]:
@@ -65,3 +66,11 @@ def next_job(queues: list[deque[int]], w: int) -> int | None:
         except IndexError:
             continue
     return None
+
+
+def usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity, where the OS tells it)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not on Linux
+        return max(1, os.cpu_count() or 1)

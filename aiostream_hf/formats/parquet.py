@@ -46,6 +46,7 @@ import pyarrow.parquet as pq
 from .._exceptions import DecodeError, SourceError
 from .._models import FileRef
 from . import ByteSource, Decoder, ReadRequest, Unit
+from ._split import usable_cpus
 
 __all__ = [
     "MAX_FOOTER_SIZE",
@@ -439,7 +440,7 @@ def _column_groups(footer: ParquetFooter, plan: RowGroupPlan) -> list[list[str]]
         for name in plan.read_columns
     }
     total = sum(sizes.values())
-    count = min(_cpu_count(), len(sizes), total // _PARALLEL_MIN_BYTES)
+    count = min(usable_cpus(), len(sizes), total // _PARALLEL_MIN_BYTES)
     if count <= 1:
         return [list(plan.read_columns)]
     groups: list[list[str]] = [[] for _ in range(count)]
@@ -449,13 +450,6 @@ def _column_groups(footer: ParquetFooter, plan: RowGroupPlan) -> list[list[str]]
         groups[lightest].append(name)
         loads[lightest] += sizes[name]
     return [group for group in groups if group]
-
-
-def _cpu_count() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
 
 
 def _resolve_columns(footer: ParquetFooter, columns: Sequence[str] | None) -> tuple[str, ...]:

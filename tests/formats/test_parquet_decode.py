@@ -253,7 +253,7 @@ def test_columns_decoded_on_several_threads(
     tmp_path: Path, rich: pa.Table, monkeypatch: pytest.MonkeyPatch, columns: list[str] | None
 ) -> None:
     monkeypatch.setattr(parquet, "_PARALLEL_MIN_BYTES", 1)
-    monkeypatch.setattr(parquet, "_cpu_count", lambda: 3)
+    monkeypatch.setattr(parquet, "usable_cpus", lambda: 3)
     path = tmp_path / "threads.parquet"
     pq.write_table(rich, path, row_group_size=700)
     result = assert_same_as_pyarrow(path, columns, pc.field("score") > 0.3)
