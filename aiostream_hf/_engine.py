@@ -39,7 +39,7 @@ from ._exceptions import ClosedResourceError, SourceError, UsageError
 from ._fetcher import RangeFetcher
 from ._options import StreamOptions
 from ._prefetch import Job, Prefetcher, PrefetchStatistics, Ramp
-from ._ranks import rank_and_world
+from ._ranks import loader_workers, rank_and_world
 from ._resolver import Resolver
 
 __all__ = [
@@ -244,7 +244,8 @@ class EngineStatistics:
     max_prefetched / max_prefetched_bytes: the most units, and bytes, held read ahead.
     prefetch_window: the units that may be read ahead now: the readahead starts one
         unit (one file) ahead and grows by one per unit delivered, up to
-        ``StreamOptions.prefetch_count`` (0 before the first iteration).
+        ``StreamOptions.prefetch_count`` (0 before the first iteration); in one of a
+        DataLoader's N workers, it grows once N units are delivered.
     """
 
     fetcher: Mapping[str, Any] = field(default_factory=dict)
@@ -357,6 +358,12 @@ class Engine(ABC, Generic[T]):
             self._readers = r
             yield r
 
+    @staticmethod
+    def _ramp(bound: int) -> Ramp:
+        """The readahead ramp of one iteration, to ``bound``: shared with the other
+        DataLoader workers of this process's loader, if it is one (``Ramp``'s share)."""
+        return Ramp(bound, share=loader_workers())
+
     async def _read_ahead(
         self, jobs: AsyncIterator[Job[T]], options: StreamOptions, ramp: Ramp | None = None
     ) -> AsyncGenerator[T, None]:
@@ -366,7 +373,7 @@ class Engine(ABC, Generic[T]):
             jobs,
             max_count=options.prefetch_count,
             max_bytes=options.prefetch_bytes,
-            ramp=ramp if ramp is not None else Ramp(options.prefetch_count),
+            ramp=ramp if ramp is not None else self._ramp(options.prefetch_count),
         )
         self._prefetch = ahead
         async with ahead:

@@ -90,13 +90,24 @@ class Ramp:
     window together. The readahead that delivers to the consumer calls ``grow()``,
     which wakes every readahead bounded by the ramp. Plain synchronous state, on one
     event loop.
+
+    With ``share`` = N (a stream in one of a DataLoader's N worker processes), the
+    window stays at ``start`` until N results are delivered, then grows as above. The
+    N workers start N units ahead together, the window a lone stream reaches after N
+    results, and the loader itself reads ``prefetch_factor`` batches ahead per worker:
+    growing at once would cost a loader's first batch two resolver requests per file
+    it holds (one file read, one planned), not one.
     """
 
-    def __init__(self, bound: int, *, start: int = 1) -> None:
-        if bound < 1 or start < 1:
-            raise SourceError(f"Ramp: bound={bound} and start={start} must be >= 1")
+    def __init__(self, bound: int, *, start: int = 1, share: int = 1) -> None:
+        if bound < 1 or start < 1 or share < 1:
+            raise SourceError(f"Ramp: bound={bound}, start={start} and share={share} must be >= 1")
         self.bound = bound
         self.window = min(start, bound)
+        # One of ``share`` processes reading side by side (DataLoader workers) grows
+        # once it has delivered ``share`` results.
+        self._share = share
+        self._delivered = 0
         # (held, wake) of each readahead bounded by it: two at most, for a stream
         self._bounded: list[tuple[Callable[[], int], Callable[[], None]]] = []
 
@@ -111,8 +122,10 @@ class Ramp:
 
     def grow(self) -> None:
         """One result reached the consumer (it is held no more): one more may run ahead,
-        and the window grows by one (up to ``bound``)."""
-        self.window = min(self.bound, self.window + 1)
+        and the window grows by one (up to ``bound``) once ``share`` results are delivered."""
+        self._delivered += 1
+        if self._delivered >= self._share:
+            self.window = min(self.bound, self.window + 1)
         for _, wake in self._bounded:
             wake()
 

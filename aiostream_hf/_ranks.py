@@ -7,10 +7,11 @@
 from __future__ import annotations
 
 import os
+import sys
 
 from ._exceptions import SourceError
 
-__all__ = ["environment_rank", "rank_and_world"]
+__all__ = ["environment_rank", "loader_workers", "rank_and_world"]
 
 
 def environment_rank() -> tuple[int, int] | None:
@@ -38,3 +39,13 @@ def rank_and_world(rank: int | None, world_size: int | None) -> tuple[int, int]:
             "0 <= rank < world_size"
         )
     return rank, world_size
+
+
+def loader_workers() -> int:
+    """How many torch DataLoader worker processes read side by side with this one, this
+    one included: ``num_workers`` when this process is one of them, else 1. Asks torch
+    only if something imported it already (a DataLoader worker always has)."""
+    torch = sys.modules.get("torch")
+    data = getattr(getattr(torch, "utils", None), "data", None)
+    info = data.get_worker_info() if data is not None else None
+    return int(info.num_workers) if info is not None else 1

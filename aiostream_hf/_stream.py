@@ -48,7 +48,7 @@ from ._exceptions import DecodeError, SourceError
 from ._fetcher import RangeFetcher
 from ._models import FileRef, Manifest
 from ._options import StreamOptions
-from ._prefetch import Job, Prefetcher, Ramp
+from ._prefetch import Job, Prefetcher
 from ._readahead import Emit, Lane, LaneReadahead
 from ._sources import parse_sources
 from .formats import (
@@ -403,7 +403,7 @@ class Stream(Engine["tuple[_Tag, Any]"]):
             # a tail read each) and the files whose units are loading are at most its
             # window together, which grows as units reach the consumer (slow start). The
             # row groups of a file being read load freely (they cost no resolution).
-            ramp = Ramp(opts.prefetch_count)
+            ramp = self._ramp(opts.prefetch_count)
             plan_ahead = Prefetcher(
                 plan_jobs(),
                 max_count=opts.prefetch_count,
@@ -464,7 +464,7 @@ class Stream(Engine["tuple[_Tag, Any]"]):
             max_open=1 + decoder.readahead,
             max_lanes=max(opts.prefetch_count, 1 + decoder.readahead),
             max_bytes=opts.prefetch_bytes,
-            ramp=Ramp(max(opts.prefetch_count, 1 + decoder.readahead)),
+            ramp=self._ramp(max(opts.prefetch_count, 1 + decoder.readahead)),
         )
         self._prefetch = readahead
         async with readahead:

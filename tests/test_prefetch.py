@@ -261,6 +261,8 @@ def test_a_ramp_refuses_a_bound_or_start_below_one_and_never_passes_its_bound() 
         Ramp(0)
     with pytest.raises(SourceError, match="start=0"):
         Ramp(4, start=0)
+    with pytest.raises(SourceError, match="share=0"):
+        Ramp(4, share=0)
     ramp = Ramp(3, start=9)
     assert ramp.window == 3
     for _ in range(5):
@@ -293,3 +295,18 @@ async def test_the_jobs_of_a_group_held_count_once_against_a_ramp() -> None:
         assert (1, 0) in started  # one delivery: the window is two, the next group opens
         got += [item async for item in ahead]
     assert got == [(g, i) for g in range(3) for i in range(4)]
+
+
+def test_a_ramp_shared_by_n_workers_stays_at_its_start_for_n_deliveries_then_grows() -> None:
+    """One of a DataLoader's 4 workers: its window stays at one while it delivers its
+    first three results (the 4 workers hold 4 ahead together), then grows by one per
+    result, to its bound."""
+    ramp = Ramp(6, share=4)
+    windows = []
+    for _ in range(8):
+        ramp.grow()
+        windows.append(ramp.window)
+    assert windows == [1, 1, 1, 2, 3, 4, 5, 6]
+    lone = Ramp(6)
+    lone.grow()
+    assert lone.window == 2  # share=1: grows from the first result on

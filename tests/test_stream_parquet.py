@@ -315,6 +315,39 @@ async def test_resolver_requests_ramp_up_from_one_file(root: Path, tmp_path: Pat
     assert end.max_prefetched <= 8
 
 
+async def test_a_dataloader_workers_stream_ramps_once_it_delivered_one_file_per_worker(
+    root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """In one of 6 DataLoader workers, a stream stays one file ahead until it has
+    delivered 6 (the workers together hold 6 ahead): its first rows cost one resolver
+    request per file read, then it ramps to prefetch_count and reads every row once."""
+    import aiostream_hf._engine
+
+    monkeypatch.setattr(aiostream_hf._engine, "loader_workers", lambda: 6)
+    expected = _many_files(root, 40, rows=10, row_group_size=10)
+    with HubServer(root, faults=Faults(latency_ms=5)) as hub:
+        opts = _options(tmp_path)
+        async with Resolver(options=opts) as resolver:
+            manifest = await resolver.resolve("hf://datasets/org/many", endpoint=hub.endpoint)
+        hub.reset_stats()
+        s = ash.stream(manifest, options=opts)
+        windows, resolvers = [], []
+        async with s:
+            rows = []
+            async for row in s:
+                rows.append(row)
+                windows.append(s.statistics().prefetch_window)
+                resolvers.append(hub.stats().by_bucket.get("resolvers", 0))
+        stats = hub.stats()
+    # At a row of file k (from 1), k or k+1 files were delivered (the channel holds one).
+    assert set(windows[: 4 * 10]) == {1}
+    for k in range(1, 5):
+        assert resolvers[k * 10 - 1] <= k + 2  # files read, and one planned
+    assert windows[-1] == opts.prefetch_count == 8
+    assert rows == expected
+    assert stats.by_bucket["resolvers"] == 40
+
+
 async def test_a_ramped_stream_reads_units_of_many_files_once_under_faults(
     root: Path, tmp_path: Path
 ) -> None:

@@ -98,6 +98,29 @@ def test_dataloader_workers_read_every_row_once_and_resolve_nothing(
     assert stats.by_bucket["resolvers"] == FILES  # one resolver request per file
 
 
+class _LoaderWorkers:
+    """An iterable dataset yielding what ``loader_workers()`` says where it runs."""
+
+    def __iter__(self) -> Iterator[int]:
+        from aiostream_hf._ranks import loader_workers
+
+        yield loader_workers()
+
+
+def test_a_stream_knows_how_many_dataloader_workers_read_beside_it() -> None:
+    """Its readahead ramp is shared by the loader's workers (``Ramp``'s share)."""
+    from torch.utils.data import DataLoader, IterableDataset
+
+    class Workers(_LoaderWorkers, IterableDataset):  # type: ignore[misc,type-arg]
+        pass
+
+    from aiostream_hf._ranks import loader_workers
+
+    assert loader_workers() == 1  # the main process, torch imported
+    seen = list(DataLoader(Workers(), batch_size=None, num_workers=3))
+    assert seen == [3, 3, 3]
+
+
 def test_fewer_files_than_workers_split_row_groups(hub: HubServer, tmp_path: Path) -> None:
     from torch.utils.data import DataLoader
 
