@@ -26,15 +26,20 @@ read and written under an exclusive ``flock`` (microseconds):
 
 Within a window the processes then spend exactly the quota and never more: at most
 ``reserve`` stays unused. Where the folder cannot hold the file (read-only, or no
-``fcntl``), the count is kept in this process only.
+``fcntl``), the count is kept in this process only; so it is, from the last count in
+the file on, when another process holds the file's lock past ``LOCK_TIMEOUT_S`` (a
+process stopped, or hung, in the microseconds it holds it), with a warning: the
+wait is bounded, and a server's 429s are still waited out.
 """
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
+import logging
 import os
 import struct
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,12 +49,26 @@ try:
 except ImportError:  # pragma: no cover - not on POSIX: per-process counts
     fcntl = None  # type: ignore[assignment]
 
-__all__ = ["GO", "PROBE", "PROBE_POLL_S", "PROBE_TIMEOUT_S", "Pacing", "SharedQuota", "bucket_of"]
+__all__ = [
+    "GO",
+    "LOCK_TIMEOUT_S",
+    "PROBE",
+    "PROBE_POLL_S",
+    "PROBE_TIMEOUT_S",
+    "Pacing",
+    "SharedQuota",
+    "bucket_of",
+]
+
+logger = logging.getLogger("aiostream_hf")
 
 #: How often a request waiting for another process's probe looks again, seconds.
 PROBE_POLL_S = 0.02
 #: A probe not answered within this many seconds no longer holds the others back.
 PROBE_TIMEOUT_S = 10.0
+#: The longest a process waits for another's lock on a count file, seconds (a lock is
+#: held for microseconds; it blocks the event loop while it waits).
+LOCK_TIMEOUT_S = 1.0
 GO = "go"
 PROBE = "probe"
 _UNKNOWN = -1
@@ -132,8 +151,21 @@ class SharedQuota:
             yield state
             self._memory[key] = state.pack()
             return
-        assert fcntl is not None
-        fcntl.flock(fd, fcntl.LOCK_EX)
+        if not _lock(fd):
+            # Its holder is stopped or hung: count in this process from the file's last
+            # state on (read without the lock, which may never come back).
+            logger.warning(
+                "the rate-limit count %s has been locked by another process for %.1f s: "
+                "this process paces its own requests from now on",
+                key,
+                LOCK_TIMEOUT_S,
+            )
+            self._memory[key] = os.pread(fd, _STATE.size, 0)
+            del self._fds[key]
+            os.close(fd)
+            with self._state(key) as state:
+                yield state
+            return
         try:
             state = _State(os.pread(fd, _STATE.size, 0))
             before = state.pack()
@@ -142,9 +174,11 @@ class SharedQuota:
             if after != before:
                 os.pwrite(fd, after, 0)
         finally:
+            assert fcntl is not None
             fcntl.flock(fd, fcntl.LOCK_UN)
 
     def _fd(self, key: Path) -> int | None:
+        """The open count file of ``key``; None: it is counted in this process only."""
         fd = self._fds.get(key)
         if fd is not None or fcntl is None or key.parts[0] == "<memory>" or key in self._memory:
             return fd
@@ -208,3 +242,19 @@ class SharedQuota:
         with self._state(key) as s:
             if s.remaining == _UNKNOWN:
                 s.probe_until = 0.0
+
+
+def _lock(fd: int) -> bool:
+    """Take the exclusive lock of a count file; False after ``LOCK_TIMEOUT_S``."""
+    assert fcntl is not None
+    deadline = time.monotonic() + LOCK_TIMEOUT_S
+    pause = 0.0001
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(pause)
+            pause = min(2 * pause, 0.005)

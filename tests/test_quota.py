@@ -90,6 +90,37 @@ def test_a_probe_that_learned_nothing_lets_the_next_request_probe(tmp_path: Path
     assert {q.take(key, 0, 1.0)[0] for _ in range(100)} == {GO}
 
 
+def test_a_count_file_locked_too_long_is_counted_in_this_process_from_its_last_state(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Another process stopped while holding the lock: the wait ends after
+    LOCK_TIMEOUT_S with a warning, and this process goes on counting from the file's
+    last count (the quota it knows is left), never waiting forever."""
+    import fcntl
+
+    import aiostream_hf._quota
+
+    monkeypatch.setattr(aiostream_hf._quota, "LOCK_TIMEOUT_S", 0.05)
+    a, b = SharedQuota(), SharedQuota()
+    key = _key(tmp_path)
+    assert a.take(key, 0, 0.0) == (PROBE, 0.0)
+    a.learn(key, remaining=3, reset=60, sent_at=0.0, now=0.1)
+    assert b.take(key, 0, 1.0)[0] == GO  # 2 left
+    stuck = open(key, "rb")  # noqa: SIM115 - another process's descriptor, held locked
+    fcntl.flock(stuck.fileno(), fcntl.LOCK_EX)
+    try:
+        with caplog.at_level("WARNING", logger="aiostream_hf"):
+            kinds = [b.take(key, 0, 2.0)[0] for _ in range(3)]
+        assert kinds == [GO, GO, "wait"]  # the file's 2, then the window's end
+        assert "locked by another process" in caplog.text
+        assert str(key) in caplog.text
+        assert len([r for r in caplog.records if "locked" in r.getMessage()]) == 1
+    finally:
+        stuck.close()
+    a.close()
+    b.close()
+
+
 def test_quotas_are_kept_per_token_and_per_folder(tmp_path: Path) -> None:
     keys = {
         _key(tmp_path),
