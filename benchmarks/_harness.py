@@ -14,11 +14,12 @@ import json
 import os
 import platform
 import resource
+import select
 import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
@@ -274,6 +275,105 @@ def run_worker(
                 proc.kill()
             proc.wait()
     return proc.returncode, time.perf_counter() - started, peak_tree
+
+
+def signal_driver(what: str) -> float:
+    """In a worker run by ``run_signalling_worker``: tell the driver ``what`` happened and
+    wait for its ack (it reads the server's counts meanwhile); the seconds waited."""
+    waited = time.perf_counter()
+    sys.stdout.write(f"{what}\n")
+    sys.stdout.flush()
+    sys.stdin.readline()
+    return time.perf_counter() - waited
+
+
+def run_signalling_worker(
+    script: Path,
+    spec: dict[str, Any],
+    env: dict[str, str],
+    log_path: Path,
+    *,
+    on_signal: Callable[[str], None],
+    timeout: float,
+    poll: Callable[[int], None] | None = None,
+) -> tuple[int, float]:
+    """Run ``python script --worker SPEC``, its stderr and other output into ``log_path``;
+    each line of ``SIGNALS`` it prints (``signal_driver``) calls ``on_signal(line)``
+    before the worker is let go on. ``poll(pid)`` runs about every second with the
+    worker's process id (it may raise to stop the worker). (exit status, wall seconds);
+    past ``timeout`` it is killed (RuntimeError)."""
+    started = time.perf_counter()
+    with log_path.open("w") as log:
+        proc = subprocess.Popen(
+            [sys.executable, str(script), "--worker", json.dumps(spec)],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=log,
+            stdin=subprocess.PIPE,
+            text=True,
+        )
+        assert proc.stdout is not None
+        assert proc.stdin is not None
+        try:
+            while True:
+                ready, _, _ = select.select([proc.stdout], [], [], 1.0)
+                if poll is not None:
+                    poll(proc.pid)
+                if time.perf_counter() - started > timeout:
+                    raise RuntimeError(f"{spec.get('contender')} timed out after {timeout:.0f} s")
+                if not ready:
+                    if proc.poll() is not None:
+                        break
+                    continue
+                line = proc.stdout.readline()
+                if not line:
+                    break
+                what = line.strip()
+                if what in SIGNALS:
+                    on_signal(what)
+                    proc.stdin.write("go\n")
+                    proc.stdin.flush()
+                else:
+                    log.write(line)
+            proc.wait(timeout=600)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    return proc.returncode, time.perf_counter() - started
+
+
+#: What a worker may tell its driver (``signal_driver``).
+SIGNALS = ("CONSTRUCTED", "FIRST_BATCH")
+
+
+def loader_dataset(
+    contender: str, repo: str, spec: dict[str, Any], *, id_only: bool = False
+) -> tuple[Any, float]:
+    """The iterable dataset of one contender for a torch DataLoader, and the
+    ``time.perf_counter()`` at which its construction began, after its imports:
+    ``aiostream_hf.torch.StreamDataset`` reading column ``id``, or
+    ``datasets.load_dataset(streaming=True)`` (only ``id`` with ``id_only``)."""
+    if contender == "aiostream":
+        import aiostream_hf as ash
+        import aiostream_hf.torch as ashtorch
+
+        t0 = time.perf_counter()
+        options = ash.StreamOptions(cache_dir=Path(spec["cache_dir"]))
+        ds: Any = ashtorch.StreamDataset(
+            f"hf://datasets/{repo}", endpoint=spec["endpoint"], columns=["id"], options=options
+        )
+    elif contender == "datasets":
+        import datasets
+
+        datasets.disable_progress_bars()
+        t0 = time.perf_counter()
+        ds = datasets.load_dataset(repo, split="train", streaming=True)
+        if id_only:
+            ds = ds.select_columns(["id"])
+    else:
+        raise SystemExit(f"unknown contender {contender!r}")
+    return ds, t0
 
 
 def ratio_entry(

@@ -53,10 +53,8 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import select
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -108,40 +106,13 @@ CONTENDER_TIMEOUT_S = 3 * 3600
 # =============================================================================
 
 
-def _signal(what: str) -> float:
-    """Tell the driver ``what`` happened; wait for its ack (it reads the server's stats)."""
-    waited = time.perf_counter()
-    sys.stdout.write(f"{what}\n")
-    sys.stdout.flush()
-    sys.stdin.readline()
-    return time.perf_counter() - waited
-
-
 def _worker(spec: dict[str, Any]) -> dict[str, Any]:
     import torch.utils.data
 
-    contender = spec["contender"]
-    if contender == "aiostream":
-        import aiostream_hf as ash
-        import aiostream_hf.torch as ashtorch
-    elif contender == "datasets":
-        import datasets
-
-        datasets.disable_progress_bars()
-    else:
-        raise SystemExit(f"unknown contender {contender!r}")
-
-    imported = time.perf_counter()
-    t0 = time.perf_counter()
-    if contender == "aiostream":
-        options = ash.StreamOptions(cache_dir=Path(spec["cache_dir"]))
-        ds: Any = ashtorch.StreamDataset(
-            f"hf://datasets/{REPO}", endpoint=spec["endpoint"], columns=["id"], options=options
-        )
-    else:
-        ds = datasets.load_dataset(REPO, split="train", streaming=True).select_columns(["id"])
+    ds, t0 = _harness.loader_dataset(spec["contender"], REPO, spec, id_only=True)
+    imported = t0
     constructed = time.perf_counter() - t0
-    pause = _signal("CONSTRUCTED")
+    pause = _harness.signal_driver("CONSTRUCTED")
     loader = torch.utils.data.DataLoader(
         ds,
         batch_size=spec["batch_size"],
@@ -159,14 +130,14 @@ def _worker(spec: dict[str, Any]) -> dict[str, Any]:
             ids.update(int(i) for i in batch["id"])
             if first is None:
                 first = time.perf_counter() - t0 - pause
-                pause += _signal("FIRST_BATCH")
+                pause += _harness.signal_driver("FIRST_BATCH")
     except Exception as exc:  # a worker's error ends the epoch: record it
         error = "".join(traceback.format_exception_only(type(exc), exc)).strip()[-2000:]
     elapsed = time.perf_counter() - t0 - pause
     del loader  # shut the workers down before measuring CPU
     usage = _harness.process_usage()
     return {
-        "contender": contender,
+        "contender": spec["contender"],
         "import_seconds": imported - _MODULE_START,
         "construct_seconds": constructed,
         "time_to_first_batch": first,
@@ -254,61 +225,41 @@ def _run_contender(
         log_path = log_dir / f"{tag}-{contender}.log"
         hub.set_rate_limits(limits)  # a fresh window for each contender
         hub.reset_stats()
-        started = time.perf_counter()
         seen: dict[str, dict[str, Any]] = {}
         peak_rss = 0
         least_available = psutil.virtual_memory().available
-        with log_path.open("w") as log:
-            proc = subprocess.Popen(
-                [sys.executable, str(Path(__file__).resolve()), "--worker", json.dumps(spec)],
-                env=_harness.worker_env(hub.endpoint, tmp),
-                stdout=subprocess.PIPE,
-                stderr=log,
-                stdin=subprocess.PIPE,
-                text=True,
-            )
-            assert proc.stdout is not None
-            assert proc.stdin is not None
-            ps = psutil.Process(proc.pid)
-            try:
-                while True:
-                    ready, _, _ = select.select([proc.stdout], [], [], 1.0)
-                    peak_rss = max(peak_rss, _tree_rss(ps))
-                    least_available = min(least_available, psutil.virtual_memory().available)
-                    if least_available < min_available:
-                        raise RuntimeError(
-                            f"{contender}: the machine has {least_available / 2**30:.1f} GiB "
-                            "of memory left (--min-available-gb): stopped, with "
-                            f"{params['workers']} workers; use fewer (--workers)"
-                        )
-                    if time.perf_counter() - started > CONTENDER_TIMEOUT_S:
-                        raise RuntimeError(f"{contender} timed out")
-                    if not ready:
-                        if proc.poll() is not None:
-                            break
-                        continue
-                    line = proc.stdout.readline()
-                    if not line:
-                        break
-                    what = line.strip()
-                    if what in ("CONSTRUCTED", "FIRST_BATCH"):
-                        stats = hub.stats()
-                        seen[what] = {"by_bucket": _buckets(stats), "throttled": stats.throttled}
-                        print(f"    {contender} {what.lower()}: {seen[what]}", flush=True)
-                        proc.stdin.write("go\n")
-                        proc.stdin.flush()
-                    else:
-                        log.write(line)
-                proc.wait(timeout=600)
-            finally:
-                if proc.poll() is None:
-                    proc.kill()
-                    proc.wait()
-        wall = time.perf_counter() - started
+        ps: Any = None
+
+        def on_signal(what: str) -> None:
+            stats = hub.stats()
+            seen[what] = {"by_bucket": _buckets(stats), "throttled": stats.throttled}
+            print(f"    {contender} {what.lower()}: {seen[what]}", flush=True)
+
+        def poll(pid: int) -> None:
+            nonlocal peak_rss, least_available, ps
+            ps = ps or psutil.Process(pid)
+            peak_rss = max(peak_rss, _tree_rss(ps))
+            least_available = min(least_available, psutil.virtual_memory().available)
+            if least_available < min_available:
+                raise RuntimeError(
+                    f"{contender}: the machine has {least_available / 2**30:.1f} GiB "
+                    "of memory left (--min-available-gb): stopped, with "
+                    f"{params['workers']} workers; use fewer (--workers)"
+                )
+
+        returncode, wall = _harness.run_signalling_worker(
+            Path(__file__).resolve(),
+            spec,
+            _harness.worker_env(hub.endpoint, tmp),
+            log_path,
+            on_signal=on_signal,
+            poll=poll,
+            timeout=CONTENDER_TIMEOUT_S,
+        )
         stats = hub.stats()
-        if proc.returncode != 0:
+        if returncode != 0:
             raise RuntimeError(
-                f"{contender} exited with {proc.returncode}:\n{log_path.read_text()[-3000:]}"
+                f"{contender} exited with {returncode}:\n{log_path.read_text()[-3000:]}"
             )
         result: dict[str, Any] = json.loads(Path(spec["result_path"]).read_text())
         expected = params["files"] * params["rows_per_file"]

@@ -41,10 +41,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import select
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -70,38 +68,11 @@ PROFILES: dict[str, dict[str, Any]] = {
 # =============================================================================
 
 
-def _signal_first_batch() -> float:
-    """Tell the driver the first batch is here; wait for its ack (it reads the stats)."""
-    waited = time.perf_counter()
-    sys.stdout.write("FIRST_BATCH\n")
-    sys.stdout.flush()
-    sys.stdin.readline()
-    return time.perf_counter() - waited
-
-
 def _worker(spec: dict[str, Any]) -> dict[str, Any]:
     import torch.utils.data
 
-    contender = spec["contender"]
-    if contender == "aiostream":
-        import aiostream_hf as ash
-        import aiostream_hf.torch as ashtorch
-    elif contender == "datasets":
-        import datasets
-
-        datasets.disable_progress_bars()
-    else:
-        raise SystemExit(f"unknown contender {contender!r}")
-
-    imported = time.perf_counter()
-    t0 = time.perf_counter()
-    if contender == "aiostream":
-        options = ash.StreamOptions(cache_dir=Path(spec["cache_dir"]))
-        ds: Any = ashtorch.StreamDataset(
-            f"hf://datasets/{REPO}", endpoint=spec["endpoint"], columns=["id"], options=options
-        )
-    else:
-        ds = datasets.load_dataset(REPO, split="train", streaming=True)
+    ds, t0 = _harness.loader_dataset(spec["contender"], REPO, spec)
+    imported = t0
     constructed = time.perf_counter() - t0
     loader = torch.utils.data.DataLoader(
         ds, batch_size=spec["batch_size"], num_workers=spec["workers"]
@@ -116,14 +87,14 @@ def _worker(spec: dict[str, Any]) -> dict[str, Any]:
         ids.update(int(i) for i in batch["id"])
         if first is None:
             first = time.perf_counter() - t0
-            pause = _signal_first_batch()
+            pause = _harness.signal_driver("FIRST_BATCH")
             if spec["mode"] == "first":
                 break
     elapsed = time.perf_counter() - t0 - pause
     del loader  # shut the workers down before measuring CPU
     usage = _harness.process_usage()
     return {
-        "contender": contender,
+        "contender": spec["contender"],
         "mode": spec["mode"],
         "import_seconds": imported - _MODULE_START,
         "construct_seconds": constructed,
@@ -205,48 +176,25 @@ def _run_contender(
         }
         log_path = log_dir / f"{tag}-{mode}-{contender}.log"
         hub.reset_stats()
-        started = time.perf_counter()
         at_first: dict[str, Any] | None = None
-        with log_path.open("w") as log:
-            proc = subprocess.Popen(
-                [sys.executable, str(Path(__file__).resolve()), "--worker", json.dumps(spec)],
-                env=_harness.worker_env(hub.endpoint, tmp),
-                stdout=subprocess.PIPE,
-                stderr=log,
-                stdin=subprocess.PIPE,
-                text=True,
-            )
-            assert proc.stdout is not None
-            assert proc.stdin is not None
-            try:
-                while True:
-                    ready, _, _ = select.select([proc.stdout], [], [], 1.0)
-                    if time.perf_counter() - started > 1800:
-                        raise RuntimeError(f"{contender} timed out")
-                    if not ready:
-                        if proc.poll() is not None:
-                            break
-                        continue
-                    line = proc.stdout.readline()
-                    if not line:
-                        break
-                    if line.strip() == "FIRST_BATCH":
-                        stats = hub.stats()
-                        at_first = {"by_bucket": _buckets(stats), "server": stats.to_json()}
-                        proc.stdin.write("go\n")
-                        proc.stdin.flush()
-                    else:
-                        log.write(line)
-                proc.wait(timeout=600)
-            finally:
-                if proc.poll() is None:
-                    proc.kill()
-                    proc.wait()
-        wall = time.perf_counter() - started
+
+        def on_signal(what: str) -> None:
+            nonlocal at_first
+            stats = hub.stats()
+            at_first = {"by_bucket": _buckets(stats), "server": stats.to_json()}
+
+        returncode, wall = _harness.run_signalling_worker(
+            Path(__file__).resolve(),
+            spec,
+            _harness.worker_env(hub.endpoint, tmp),
+            log_path,
+            on_signal=on_signal,
+            timeout=1800,
+        )
         stats = hub.stats()
-        if proc.returncode != 0:
+        if returncode != 0:
             raise RuntimeError(
-                f"{contender} exited with {proc.returncode}:\n{log_path.read_text()[-3000:]}"
+                f"{contender} exited with {returncode}:\n{log_path.read_text()[-3000:]}"
             )
         result: dict[str, Any] = json.loads(Path(spec["result_path"]).read_text())
         expected = params["files"] * params["rows_per_file"]
