@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import itertools
 import struct
 from collections.abc import AsyncIterator, Iterator, Sequence
 from fractions import Fraction
@@ -751,6 +752,26 @@ async def test_the_longest_run_is_requested_first(
     first_gop = oracle.packets[0][1]
     assert len(starts) == 3
     assert starts[-1] == first_gop  # the short run's read goes last
+
+
+@pytest.mark.usefixtures("refetch")
+async def test_nearby_runs_stream_side_by_side_each_over_its_own_request(
+    videos: Videos,
+) -> None:
+    """GOPs close enough that one ranged read serves them (one request over a source
+    that reads ranges) are streamed one request per run: they decode side by side, and
+    a run after its neighbour in one stream would wait for the neighbour's bytes."""
+    oracle = videos["h264-gop25-moov-end"]
+    times = [oracle.times[3], oracle.times[60], oracle.times[110]]
+    source = StreamingSource(oracle.path)
+    async with video.open(oracle.path, fetcher=source) as reader:
+        mark = len(source.calls)
+        assert_frames(oracle, await reader.frames_at(times), times)
+        stats = reader.statistics()
+    streamed = sorted(ranges[0] for kind, ranges in source.calls[mark:] if kind == "stream")
+    assert len(streamed) == stats.frame_requests == stats.decoder_starts == 3
+    assert all(a[1] <= b[0] for a, b in itertools.pairwise(streamed))  # no byte twice
+    assert stats.frame_bytes == sum(end - start for start, end in streamed)
 
 
 @pytest.mark.usefixtures("refetch")
