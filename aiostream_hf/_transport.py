@@ -177,15 +177,20 @@ class _Body(httpx2.AsyncByteStream):
         # to the fetcher's stall checks. urllib3's readinto would read into a new bytes
         # and copy; its http.client response's buffered socket file reads into the view.
         # Only a plain body of known length is read so (http.client's read1 does the
-        # same bookkeeping); a chunked one is read with read1 and copied.
-        raw = self._answer._fp
-        if raw is None or raw.isclosed():
+        # same bookkeeping); a chunked one is read with read1 and copied, and so is any
+        # body whose response lacks one of the private parts used (another urllib3 or
+        # Python: ``_in_place``).
+        raw = getattr(self._answer, "_fp", None)
+        if _ended(raw):
             self._done = True
             return 0
         length = getattr(raw, "length", None)
-        if getattr(raw, "chunked", True) or not isinstance(length, int) or length <= 0:
+        if not _in_place(raw) or not isinstance(length, int) or length <= 0:
             data = self._answer.read1(len(view))
-            view[: len(data)] = data
+            if not data:
+                self._done = True
+                return 0
+            view.cast("B")[: len(data)] = data  # a buffer's view may be of signed bytes
             n = len(data)
         else:
             n = _fill(raw.fp, view[:length])
@@ -194,7 +199,7 @@ class _Body(httpx2.AsyncByteStream):
             raw.length = length - n
             if not raw.length:
                 raw._close_conn()
-        if not n or raw.isclosed():
+        if _ended(raw):
             self._done = True  # read to its end: the connection is reused
         return int(n)
 
@@ -205,6 +210,23 @@ class _Body(httpx2.AsyncByteStream):
             _shut_down(self._answer)  # cut short: the connection is not reusable
             self._answer.close()
         self._done = True
+
+
+def _ended(raw: Any) -> bool:
+    """True when the http.client response ``raw`` says its body was read to its end."""
+    isclosed = getattr(raw, "isclosed", None)
+    return callable(isclosed) and bool(isclosed())
+
+
+def _in_place(raw: Any) -> bool:
+    """True when ``raw`` (the http.client response under urllib3's) is a plain body whose
+    socket file reads into a buffer: what ``_Body.readinto`` needs to read in place."""
+    return (
+        raw is not None
+        and getattr(raw, "chunked", True) is False
+        and callable(getattr(getattr(raw, "fp", None), "readinto1", None))
+        and callable(getattr(raw, "_close_conn", None))
+    )
 
 
 def _fill(fp: Any, view: memoryview) -> int:

@@ -344,6 +344,27 @@ async def test_buffers_received_in_place_are_exact_through_cuts(
     assert stats.resumes > 0
 
 
+async def test_buffers_are_exact_where_the_response_cannot_be_read_in_place(
+    serve: Callable[..., Served], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another urllib3 or Python without the private parts read_buffers receives in place
+    with: each body is read and copied, the same bytes, through cuts."""
+    import aiostream_hf._transport
+
+    monkeypatch.setattr(aiostream_hf._transport, "_in_place", lambda raw: False)
+    s = serve()
+    blob = s.files[BLOB]
+    s.hub.set_faults(Faults(cut_rate=0.3, cut_at=(1,), targets=("cdn",), seed=6))
+    rng = random.Random(6)
+    async with s.fetcher(max_range_size=256 * 1024, coalesce_gap=4096) as f:
+        for _ in range(4):
+            ranges = random_ranges(rng, len(blob), 12, 400_000)
+            views = await f.read_buffers(s.ref(BLOB), ranges)
+            assert [bytes(v) for v in views] == [blob[a:b] for a, b in ranges]
+        stats = f.statistics()
+    assert stats.resumes > 0
+
+
 async def test_a_trickling_server_is_given_up_on_in_place(serve: Callable[..., Served]) -> None:
     """A body read in place still shows its pace: min_throughput catches a trickle."""
     s = serve(faults=Faults(trickle_every=1, trickle_interval_ms=50, targets=("cdn",)))
