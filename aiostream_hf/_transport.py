@@ -180,7 +180,7 @@ class _Body(httpx2.AsyncByteStream):
         # same bookkeeping); a chunked one is read with read1 and copied, and so is any
         # body whose response lacks one of the private parts used (another urllib3 or
         # Python: ``_in_place``).
-        raw = getattr(self._answer, "_fp", None)
+        raw: Any = getattr(self._answer, "_fp", None)
         if _ended(raw):
             self._done = True
             return 0
