@@ -755,23 +755,34 @@ async def test_the_longest_run_is_requested_first(
 
 
 @pytest.mark.usefixtures("refetch")
-async def test_nearby_runs_stream_side_by_side_each_over_its_own_request(
-    videos: Videos,
+async def test_nearby_runs_share_a_streamed_read_only_while_it_is_short(
+    videos: Videos, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """GOPs close enough that one ranged read serves them (one request over a source
-    that reads ranges) are streamed one request per run: they decode side by side, and
-    a run after its neighbour in one stream would wait for the neighbour's bytes."""
+    """Nearby GOPs stream through one read while it has read fewer than _STREAM_SPLIT
+    bytes (small runs: a request each would cost more); past it, the next run comes
+    over a read of its own, side by side, instead of waiting for its neighbour's bytes."""
     oracle = videos["h264-gop25-moov-end"]
     times = [oracle.times[3], oracle.times[60], oracle.times[110]]
-    source = StreamingSource(oracle.path)
-    async with video.open(oracle.path, fetcher=source) as reader:
-        mark = len(source.calls)
-        assert_frames(oracle, await reader.frames_at(times), times)
-        stats = reader.statistics()
-    streamed = sorted(ranges[0] for kind, ranges in source.calls[mark:] if kind == "stream")
-    assert len(streamed) == stats.frame_requests == stats.decoder_starts == 3
-    assert all(a[1] <= b[0] for a, b in itertools.pairwise(streamed))  # no byte twice
-    assert stats.frame_bytes == sum(end - start for start, end in streamed)
+
+    async def streamed() -> tuple[list[tuple[int, int]], Any]:
+        source = StreamingSource(oracle.path)
+        async with video.open(oracle.path, fetcher=source) as reader:
+            mark = len(source.calls)
+            assert_frames(oracle, await reader.frames_at(times), times)
+            stats = reader.statistics()
+        reads = sorted(ranges[0] for kind, ranges in source.calls[mark:] if kind == "stream")
+        assert len(reads) == stats.frame_requests
+        assert all(a[1] <= b[0] for a, b in itertools.pairwise(reads))  # no byte twice
+        assert stats.frame_bytes == sum(end - start for start, end in reads)
+        assert stats.decoder_starts == 3
+        return reads, stats
+
+    reads, _ = await streamed()
+    assert len(reads) == 1  # three small runs, one read
+    assert reads[0][1] - reads[0][0] < video._STREAM_SPLIT
+    monkeypatch.setattr(video, "_STREAM_SPLIT", 1)  # as if every run were long
+    reads, _ = await streamed()
+    assert len(reads) == 3
 
 
 @pytest.mark.usefixtures("refetch")
