@@ -758,8 +758,8 @@ async def test_the_longest_run_is_requested_first(
 async def test_nearby_runs_share_a_streamed_read_only_while_it_is_short(
     videos: Videos, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Nearby GOPs stream through one read while it has read fewer than _STREAM_SPLIT
-    bytes (small runs: a request each would cost more); past it, the next run comes
+    """Nearby GOPs stream through one read while the next starts less than coalesce_gap
+    into it (small runs: a request each would cost more); past it, the next run comes
     over a read of its own, side by side, instead of waiting for its neighbour's bytes."""
     oracle = videos["h264-gop25-moov-end"]
     times = [oracle.times[3], oracle.times[60], oracle.times[110]]
@@ -778,11 +778,14 @@ async def test_nearby_runs_share_a_streamed_read_only_while_it_is_short(
         return reads, stats
 
     reads, _ = await streamed()
-    assert len(reads) == 1  # three small runs, one read
-    assert reads[0][1] - reads[0][0] < video._STREAM_SPLIT
-    monkeypatch.setattr(video, "_STREAM_SPLIT", 1)  # as if every run were long
+    span = reads[-1][1] - reads[0][0]
+    monkeypatch.setattr(video, "_VIDEO_COALESCE_GAP", span + 1)
     reads, _ = await streamed()
-    assert len(reads) == 3
+    assert len(reads) == 1  # every run starts within the gap: one read
+    monkeypatch.setattr(video, "_VIDEO_COALESCE_GAP", span // 2)  # the last run is past it
+    reads, _ = await streamed()
+    assert 2 <= len(reads) <= 3
+    assert reads[-1][0] - reads[0][0] >= span // 2
 
 
 @pytest.mark.usefixtures("refetch")
