@@ -228,9 +228,19 @@ def median(xs: Iterable[float]) -> float:
 
 
 def rotations(contenders: list[str], rounds: int) -> list[list[str]]:
-    """The contenders' order in each round, rotated by one per round (A B, B A, ...)."""
+    """The contenders' order in each round: rounds go in pairs, the second the first
+    reversed, and each pair starts one further along (A B C, C B A, B C A, A C B, ...).
+    Within each pair of rounds every two contenders run once in each order, so one that
+    would always follow another (a rotation alone keeps neighbours in order: rows-sync
+    came right after datasets-tuned and after rows in every round) does not carry an
+    order effect into their ratio."""
     n = len(contenders)
-    return [contenders[r % n :] + contenders[: r % n] for r in range(rounds)]
+    orders = []
+    for r in range(rounds):
+        k = (r // 2) % n
+        order = contenders[k:] + contenders[:k]
+        orders.append(order[::-1] if r % 2 else order)
+    return orders
 
 
 def run_worker(
