@@ -13,7 +13,8 @@ validators and statistics see an ``httpx2.Response`` as from any transport; urll
 errors become the httpx2 errors the fetcher retries (``ReadTimeout``, ``ConnectError``,
 ``RemoteProtocolError``...). urllib3 follows no redirect and retries nothing itself.
 Cancellation is never held up by a blocked read: the thread is abandoned and the
-socket shut down under it.
+socket shut down under it; a send abandoned before its answer came closes that answer
+when it comes (``_Handoff``), so no connection is left for the garbage collector.
 
 A TLS context that verifies certificates reads the CA bundle when it is made (~20 ms):
 a process that reads over plain HTTP (a local server, a plain-HTTP object store) never
@@ -27,6 +28,7 @@ import contextlib
 import functools
 import http.client
 import ssl
+import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any, TypeVar
@@ -103,20 +105,30 @@ class ThreadedTransport(httpx2.AsyncBaseTransport):
         body = await request.aread() or None
         method = request.method
 
+        handoff = _Handoff()
+
         def send() -> urllib3.BaseHTTPResponse:
-            return pool.urlopen(
-                method,
-                url,
-                body=body,
-                headers=headers,
-                redirect=False,
-                retries=False,
-                preload_content=False,
-                decode_content=False,
-                timeout=urllib3.Timeout(connect=timeout.get("connect"), read=timeout.get("read")),
+            return handoff.deliver(
+                pool.urlopen(
+                    method,
+                    url,
+                    body=body,
+                    headers=headers,
+                    redirect=False,
+                    retries=False,
+                    preload_content=False,
+                    decode_content=False,
+                    timeout=urllib3.Timeout(
+                        connect=timeout.get("connect"), read=timeout.get("read")
+                    ),
+                )
             )
 
-        answer = await self._run(request, send)
+        try:
+            answer = await self._run(request, send)
+        except anyio.get_cancelled_exc_class():
+            handoff.abandon()  # the answer, when it comes, is closed, not left to the GC
+            raise
         received = _Body(self, request, answer)
         return httpx2.Response(
             answer.status,
@@ -134,6 +146,36 @@ class ThreadedTransport(httpx2.AsyncBaseTransport):
         pools, self._pools = list(self._pools.values()), {}
         for pool in pools:
             pool.clear()
+
+
+class _Handoff:
+    """Hands the answer of a send from its worker thread to the caller, or closes it
+    when the caller was cancelled meanwhile: an abandoned send still ends (its answer
+    arrives, or its timeout passes), and its connection is closed then, not left open
+    for the garbage collector."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._abandoned = False
+        self._answer: urllib3.BaseHTTPResponse | None = None
+
+    def deliver(self, answer: urllib3.BaseHTTPResponse) -> urllib3.BaseHTTPResponse:
+        """On the worker thread: ``answer``, kept for the caller, or closed if it left."""
+        with self._lock:
+            if not self._abandoned:
+                self._answer = answer
+                return answer
+        answer.close()
+        return answer
+
+    def abandon(self) -> None:
+        """On the caller's cancellation: close the answer now if it came in the meantime,
+        or have the worker thread close it when it comes."""
+        with self._lock:
+            self._abandoned = True
+            answer, self._answer = self._answer, None
+        if answer is not None:
+            answer.close()
 
 
 class _Body(httpx2.AsyncByteStream):

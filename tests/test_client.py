@@ -230,6 +230,53 @@ async def test_the_transport_sends_bodies_and_heads(hub_root: Path) -> None:
     assert head.content == b""
 
 
+async def test_a_send_cancelled_before_its_answer_closes_the_answer(hub_root: Path) -> None:
+    """A request cancelled while its worker thread waits for the answer: the thread is
+    abandoned, and the answer it gets afterwards is closed (its socket with it), not
+    left for the garbage collector (an "unclosed socket" ResourceWarning, once a flake)."""
+    import threading
+
+    import urllib3
+
+    from aiostream_hf._transport import ThreadedTransport
+
+    entered, release, closed = threading.Event(), threading.Event(), threading.Event()
+    answers: list[Any] = []
+
+    class Held(urllib3.PoolManager):
+        def urlopen(self, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
+            entered.set()
+            release.wait(30)
+            answer = super().urlopen(*args, **kwargs)
+            close = answer.close
+
+            def closing() -> None:
+                close()
+                closed.set()
+
+            answer.close = closing
+            answers.append(answer)
+            return answer
+
+    name = "data/train-00000-of-00001.parquet"
+    with HubServer(hub_root) as server:
+        transport = ThreadedTransport(2)
+        transport._pools["http"] = Held(maxsize=2)
+        async with httpx2.AsyncClient(transport=transport) as http:
+            with anyio.CancelScope() as scope:
+                async with anyio.create_task_group() as tg:
+                    url = f"{server.endpoint}/datasets/org/text/resolve/main/{name}"
+                    tg.start_soon(http.get, url)
+                    await anyio.to_thread.run_sync(entered.wait, 30)
+                    scope.cancel()
+            assert scope.cancelled_caught
+            release.set()  # the abandoned thread gets its answer now
+            assert await anyio.to_thread.run_sync(closed.wait, 30)
+            assert answers[0].closed
+            assert answers[0].status == 302  # the redirect to the CDN
+            assert answers[0]._connection.sock is None  # the socket itself is closed
+
+
 def test_a_stream_imports_one_http_stack(hub_root: Path, tmp_path: Path) -> None:
     """A fresh process that streams over plain HTTP never imports httpx2's own pool
     (httpcore2, h11) nor makes a TLS context: its first request waits for neither."""
