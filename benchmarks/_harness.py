@@ -29,9 +29,11 @@ __all__ = [
     "add_quiet_options",
     "cpu_seconds",
     "environment",
+    "first_use_imports",
     "library_fingerprint",
     "machine_busy_seconds",
     "median",
+    "preimport",
     "process_usage",
     "quiet_parameters",
     "ratio_entry",
@@ -139,6 +141,33 @@ def process_usage() -> dict[str, Any]:
         "minor_faults": own.ru_minflt + children.ru_minflt,
         "major_faults": own.ru_majflt + children.ru_majflt,
     }
+
+
+def preimport(names: Iterable[str]) -> int:
+    """Import ``names`` (what ``first_use_imports`` listed for the same contender in its
+    warm-up run) before a worker starts its clock: a module a library imports on first
+    use (asyncio's anyio backend, a lazily loaded submodule) is an import, whichever
+    side it is, and its time is not the work measured. A name that does not import
+    (a module made at run time) is skipped. Returns how many imported."""
+    import importlib
+
+    done = 0
+    for name in names:
+        if name in sys.modules:
+            continue
+        with contextlib.suppress(Exception):
+            importlib.import_module(name)
+            done += 1
+    return done
+
+
+def first_use_imports(before: Iterable[str]) -> list[str]:
+    """The modules this process has imported since ``before`` (``set(sys.modules)`` at
+    the worker's start): its contender's own imports and those its libraries made on
+    first use, in the order they were imported (that of ``sys.modules``: some must
+    come after others). The next runs of that contender ``preimport`` them."""
+    seen = set(before)
+    return [name for name in list(sys.modules) if name not in seen]
 
 
 def add_quiet_options(p: argparse.ArgumentParser) -> None:

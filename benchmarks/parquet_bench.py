@@ -22,8 +22,13 @@ process and ``--latency-ms`` (default 20) added to every request:
 
 Every contender runs in a fresh subprocess (this script with ``--worker``), so
 imports, RSS and the GIL are its own. Time runs from after the imports to the
-last row (resolution included; aiostream gets a fresh cache_dir each run).
-One warm-up round, then ``--rounds`` rounds in a rotating order. Request
+last row (resolution included; aiostream gets a fresh cache_dir each run). The
+imports include those a contender's libraries make on first use (asyncio's anyio
+backend, a lazily loaded submodule): each contender's warm-up run lists what it
+imported, and its measured runs import that before the clock starts
+(``_harness.preimport``; ``preimported`` in each run's result), on every side.
+One warm-up round, then ``--rounds`` rounds in a rotating order (in pairs, the
+second reversed). Request
 counts and bytes come from the server's stats, reset before each run. Prints a
 table and writes ``benchmarks/results/parquet.json`` (``parquet-quick.json``
 with ``--quick``).
@@ -121,6 +126,8 @@ def _touch_image(row: dict[str, Any]) -> int:
 
 def _worker(spec: dict[str, Any]) -> dict[str, Any]:
 
+    before = set(sys.modules)
+    preimported = _harness.preimport(spec.get("preimport", []))
     contender = spec["contender"]
     touch = _touch_image if spec["workload"] == "image" else _touch_text
     out: dict[str, Any] = {"contender": contender}
@@ -320,6 +327,8 @@ def _worker(spec: dict[str, Any]) -> dict[str, Any]:
         rows=rows,
         touched=touched,
         import_seconds=t0 - _MODULE_START,
+        preimported=preimported,
+        first_use_imports=_harness.first_use_imports(before),
         seconds=elapsed,
         time_to_first_row=first,
         **_harness.process_usage(),
@@ -424,11 +433,13 @@ def _run_contender(
     options: dict[str, Any] | None = None,
     timeout: float = 1800.0,
     idle: tuple[float, float] | None = None,
+    preimport: list[str] | None = None,
 ) -> dict[str, Any]:
     """One pass of one contender in a fresh process; RSS polled, server stats read.
 
     ``idle`` = (max busy CPUs, max wait s): first wait until the rest of the
-    machine is that quiet (shared machines), for at most that long.
+    machine is that quiet (shared machines), for at most that long. ``preimport``: the
+    modules the worker imports before its clock starts (``_harness.preimport``).
     """
 
     waited, busy_at_start = _harness.wait_for_idle(*idle) if idle else (0.0, float("nan"))
@@ -445,6 +456,7 @@ def _run_contender(
             "paths": [f["path"] for f in stamp["files"]],
             "rows": stamp["rows"],
             "options": options or {},
+            "preimport": preimport or [],
             "result_path": str(tmp / "result.json"),
         }
         hub.reset_stats()
@@ -753,6 +765,9 @@ def main(argv: list[str] | None = None) -> int:
         "image_mode": "bytes only: datasets cast_column('image', Image(decode=False)); "
         "all sides touch len(row['image']['bytes'])",
         "text_touch": "dict-rows sides touch len(row['text']); arrow sides count batch.num_rows",
+        "imports": "every side's clock starts after its imports, those its libraries make on "
+        "first use included: the modules a contender imported in its warm-up run are "
+        "imported before the clock in its measured runs (preimported, per run)",
         **quiet,
         "rss_prefetch_bytes": RSS_PREFETCH_BYTES,
         "rss_limit": RSS_PREFETCH_BYTES + RSS_ALLOWANCE,
@@ -796,6 +811,9 @@ def main(argv: list[str] | None = None) -> int:
                 contenders = [c for c in contenders if c in only]
             warmups: list[dict[str, dict[str, Any]]] = []
             rounds: list[dict[str, dict[str, Any]]] = []
+            # What each contender imported in its warm-up run, on first use included, is
+            # imported before the clock in its measured runs (_harness.preimport).
+            preimports: dict[str, list[str]] = {}
             order = [contenders] * args.warmup + _harness.rotations(contenders, n_rounds)
             for i, names in enumerate(order):
                 warm = i < args.warmup
@@ -803,8 +821,20 @@ def main(argv: list[str] | None = None) -> int:
                 this: dict[str, dict[str, Any]] = {}
                 for c in names:
                     r = _run_quiet(
-                        args, hub, c, workload, stamp, repo_root, log_dir, tag, idle=idle
+                        args,
+                        hub,
+                        c,
+                        workload,
+                        stamp,
+                        repo_root,
+                        log_dir,
+                        tag,
+                        idle=idle,
+                        preimport=preimports.get(c),
                     )
+                    seen = r.pop("first_use_imports")
+                    if warm:
+                        preimports[c] = list(dict.fromkeys([*preimports.get(c, []), *seen]))
                     r["order"] = names.index(c)
                     this[c] = r
                     print(
@@ -838,6 +868,7 @@ def main(argv: list[str] | None = None) -> int:
                 "same_rows_checked": len(touched) == 1,
                 "rounds": rounds,
                 "warmup_rounds": warmups,
+                "preimported_modules": {c: len(names) for c, names in preimports.items()},
             }
 
         if not args.skip_rss:
@@ -860,6 +891,7 @@ def main(argv: list[str] | None = None) -> int:
                     options={"prefetch_bytes": RSS_PREFETCH_BYTES},
                     idle=idle,
                 )
+                r.pop("first_use_imports")
                 r.update(limit=limit, within_limit=r["peak_rss"] <= limit)
                 rss_runs.append(r)
                 print(
