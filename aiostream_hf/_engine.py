@@ -241,7 +241,9 @@ class EngineStatistics:
 
     fetcher / resolver / client: the ``statistics()`` of the fetcher, resolver and
         client of the last iteration, as dicts (empty before the first).
-    max_prefetched / max_prefetched_bytes: the most units, and bytes, held read ahead.
+    max_prefetched / max_prefetched_bytes: the most units, and bytes, held read ahead
+        (Parquet row groups under ``block_size`` count as their share of a unit against
+        ``prefetch_count``: up to eight times as many of them).
     prefetch_window: the units that may be read ahead now: the readahead starts one
         unit (one file) ahead and grows by one per unit delivered, up to
         ``StreamOptions.prefetch_count`` (0 before the first iteration); in one of a
@@ -365,15 +367,22 @@ class Engine(ABC, Generic[T]):
         return Ramp(bound, share=loader_workers())
 
     async def _read_ahead(
-        self, jobs: AsyncIterator[Job[T]], options: StreamOptions, ramp: Ramp | None = None
+        self,
+        jobs: AsyncIterator[Job[T]],
+        options: StreamOptions,
+        ramp: Ramp | None = None,
+        *,
+        unit_bytes: int | None = None,
     ) -> AsyncGenerator[T, None]:
         """The results of ``jobs``, in order, run ahead within the options' budgets; the
-        count ramps up from one (``ramp``, else a ramp of its own to ``prefetch_count``)."""
+        count ramps up from one (``ramp``, else a ramp of its own to ``prefetch_count``).
+        ``unit_bytes``: a job costing less counts as its share of one (``Prefetcher``)."""
         ahead: Prefetcher[T] = Prefetcher(
             jobs,
             max_count=options.prefetch_count,
             max_bytes=options.prefetch_bytes,
             ramp=ramp if ramp is not None else self._ramp(options.prefetch_count),
+            unit_bytes=unit_bytes,
         )
         self._prefetch = ahead
         async with ahead:

@@ -13,6 +13,11 @@ result once done: from then on the result counts for what it really holds
 (a decoded row group, rather than the estimate reserved while it loaded). A
 result is released when the consumer takes the next one.
 
+With ``unit_bytes``, a job costing less counts as its share of one against
+``max_count`` (in eighths, at least one eighth): small units (row groups of a few
+hundred KB) run up to eight times as many ahead, so that enough bytes are in
+flight to hide a round trip, while units of ``unit_bytes`` or more count as one.
+
 A ``Ramp`` makes the count bound start small and grow as results reach the
 consumer (slow start), so that a reader that stops early (a first batch, a
 ``head``) opened a few files, not ``max_count`` of them; see ``Ramp``.
@@ -43,6 +48,9 @@ __all__ = [
 
 T = TypeVar("T")
 _B = TypeVar("_B", bound="Background")
+
+#: A job counts against ``max_count`` in these parts of one (with ``unit_bytes``).
+_PARTS = 8
 
 
 @dataclass(frozen=True)
@@ -189,6 +197,8 @@ class Prefetcher(Background, Generic[T]):
     ``ramp``: the results held by every readahead bounded by the ramp are at most its
     window (see ``Ramp``); each result delivered grows it, unless ``grow_ramp=False``
     (a readahead feeding another one, which grows it as its results reach the consumer).
+    ``unit_bytes``: a job costing less counts as its share of one against ``max_count``
+    (at least one eighth); None: every job counts as one.
     """
 
     def __init__(
@@ -199,11 +209,14 @@ class Prefetcher(Background, Generic[T]):
         max_bytes: int,
         ramp: Ramp | None = None,
         grow_ramp: bool = True,
+        unit_bytes: int | None = None,
     ) -> None:
-        if max_count < 1 or max_bytes < 1:
+        if max_count < 1 or max_bytes < 1 or (unit_bytes is not None and unit_bytes < 1):
             raise SourceError(
-                f"Prefetcher: max_count={max_count} and max_bytes={max_bytes} must be >= 1"
+                f"Prefetcher: max_count={max_count}, max_bytes={max_bytes} and "
+                f"unit_bytes={unit_bytes} must be >= 1"
             )
+        self._unit_bytes = unit_bytes
         self._jobs = jobs
         self._max_count = max_count
         self._max_bytes = max_bytes
@@ -241,6 +254,15 @@ class Prefetcher(Background, Generic[T]):
     def _wake(self) -> None:
         self._space.set()
 
+    def _parts(self, cost: int) -> int:
+        """What a job of ``cost`` counts against ``max_count``, in ``_PARTS`` of one."""
+        if self._unit_bytes is None or cost >= self._unit_bytes:
+            return _PARTS
+        return max(1, -(-cost * _PARTS // self._unit_bytes))
+
+    def _parts_held(self) -> int:
+        return sum(self._parts(slot.cost) for slot in self._slots)
+
     def _groups_held(self) -> int:
         """What this readahead holds against its ramp: its groups (each job without one
         is a group of its own)."""
@@ -256,7 +278,7 @@ class Prefetcher(Background, Generic[T]):
         ramp_full = self._ramp is not None and not self._ramp.has_room()
         if ramp_full and not self._slots[-1].more_in_group:
             return False
-        return len(self._slots) < self._max_count
+        return self._parts_held() < self._max_count * _PARTS
 
     def _fits(self, job: Job[T]) -> bool:
         if not self._slots:
@@ -265,7 +287,8 @@ class Prefetcher(Background, Generic[T]):
             held = job.group is not None and any(s.group == job.group for s in self._slots)
             if not held:
                 return False
-        return len(self._slots) < self._max_count and self._held_bytes + job.cost <= self._max_bytes
+        parts = self._parts_held() + self._parts(job.cost)
+        return parts <= self._max_count * _PARTS and self._held_bytes + job.cost <= self._max_bytes
 
     async def _wait_for_space(self) -> None:
         self._space = anyio.Event()

@@ -412,7 +412,12 @@ class Stream(Engine["tuple[_Tag, Any]"]):
                 grow_ramp=False,
             )
             async with plan_ahead:
-                loaded = self._read_ahead(unit_jobs(plan_ahead), opts, ramp)
+                # Row groups smaller than a block count as their share of a unit: a
+                # file of small row groups keeps enough bytes in flight to hide the
+                # round trip of each (at most eight times prefetch_count of them).
+                loaded = self._read_ahead(
+                    unit_jobs(plan_ahead), opts, ramp, unit_bytes=opts.block_size
+                )
                 try:
                     async for item in loaded:
                         yield item

@@ -1,12 +1,15 @@
-"""A/B of two checkouts on the remote Parquet Arrow path: rows/s and client CPU seconds.
+"""A/B of two checkouts on the remote Parquet path: rows/s and client CPU seconds.
 
     .venv/bin/python benchmarks/transport_ab.py OLD_CHECKOUT NEW_CHECKOUT [--rounds 5]
+    .venv/bin/python benchmarks/transport_ab.py OLD NEW --repo bench/images --output python \
+        --out benchmarks/results/ab/small-units.json
 
 Each round runs both checkouts, in alternating order, each in a fresh process
-(``PYTHONPATH`` set to its checkout) reading parquet_bench's text repo (8 files,
-321 MB) with ``output="arrow"`` through one Hub server in its own process, 20 ms added
-to every request. The server and data are parquet_bench's (run it once first).
-Prints and writes benchmarks/results/ab/transport.json.
+(``PYTHONPATH`` set to its checkout) reading one of parquet_bench's repos (by default
+its text repo, 8 files, 321 MB, with ``output="arrow"``; ``--output python`` iterates
+dict rows) through one Hub server in its own process, 20 ms added to every request.
+The server and data are parquet_bench's (run it once first). Prints and writes
+benchmarks/results/ab/transport.json (``--out``).
 """
 
 from __future__ import annotations
@@ -28,10 +31,10 @@ import aiostream_hf as ash
 async def run():
     n = 0
     opts = ash.StreamOptions(cache_dir=Path(tempfile.mkdtemp()))
-    async with ash.stream("hf://datasets/bench/text", split="train", output="arrow",
+    async with ash.stream(f"hf://datasets/{sys.argv[2]}", split="train", output=sys.argv[3],
                           options=opts, endpoint=sys.argv[1]) as s:
         async for b in s:
-            n += b.num_rows
+            n += b.num_rows if sys.argv[3] == "arrow" else 1
     return n
 c0 = os.times(); t0 = time.perf_counter()
 rows = asyncio.run(run())
@@ -45,6 +48,8 @@ def main() -> int:
     p.add_argument("old", type=Path)
     p.add_argument("new", type=Path)
     p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--repo", default="bench/text", help="a parquet_bench repo")
+    p.add_argument("--output", choices=["arrow", "python"], default="arrow")
     p.add_argument("--data-dir", type=Path, default=HERE / ".data" / "full" / "hub")
     p.add_argument("--out", type=Path, default=HERE / "results" / "ab" / "transport.json")
     args = p.parse_args()
@@ -56,7 +61,7 @@ def main() -> int:
         import httpx2
 
         httpx2.get(
-            f"{hub.endpoint}/api/datasets/bench/text/tree/main",
+            f"{hub.endpoint}/api/datasets/{args.repo}/tree/main",
             params={"recursive": "true"},
             timeout=600,
         ).raise_for_status()
@@ -65,7 +70,7 @@ def main() -> int:
             for side in order:
                 env = {**os.environ, "PYTHONPATH": str(sides[side])}
                 out = subprocess.run(
-                    [sys.executable, "-c", WORKER, hub.endpoint],
+                    [sys.executable, "-c", WORKER, hub.endpoint, args.repo, args.output],
                     env=env,
                     cwd=sides[side],
                     capture_output=True,
@@ -94,6 +99,8 @@ def main() -> int:
     result = {
         "benchmark": "transport-ab",
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "repo": args.repo,
+        "output": args.output,
         "sides": {k: str(v) for k, v in sides.items()},
         "commits": {
             k: subprocess.run(

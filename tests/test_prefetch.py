@@ -57,6 +57,63 @@ async def test_readahead_is_bounded_by_count() -> None:
         assert p.statistics().delivered == 10
 
 
+@pytest.mark.parametrize(
+    ("cost", "ahead"),
+    [
+        (100, 3),  # a whole unit counts as one: max_count of them
+        (250, 3),  # larger ones too
+        (50, 6),  # half a unit counts as half (4 eighths): twice as many
+        (13, 12),  # just over an eighth counts as two (rounded up)
+        (12, 24),  # an eighth or less counts as one eighth: eight times as many, no more
+        (1, 24),
+    ],
+)
+async def test_jobs_under_unit_bytes_count_as_their_share_of_one(cost: int, ahead: int) -> None:
+    """Small row groups run more ahead (enough bytes in flight to hide a round trip):
+    with ``unit_bytes``, a job counts against ``max_count`` as its share of a unit, in
+    eighths, at least one eighth."""
+    log: list[str] = []
+    gate = anyio.Event()
+    async with anyio.create_task_group() as tg:
+
+        async def check() -> None:
+            await anyio.wait_all_tasks_blocked()
+            assert len(log) == ahead  # all waiting at the gate: that many started
+            gate.set()
+
+        tg.start_soon(check)
+        jobs = _jobs([cost] * 40, log, dict.fromkeys(range(40), gate))
+        async with Prefetcher(jobs, max_count=3, max_bytes=10**6, unit_bytes=100) as p:
+            got = [value async for value in p]
+    assert got == list(range(40))
+    assert p.statistics().max_held == ahead
+
+
+async def test_a_big_job_waits_for_room_a_small_one_would_fit_in() -> None:
+    """Seven eighths held: a small job fits, a whole unit waits until one is taken."""
+    log: list[str] = []
+    gates = {i: anyio.Event() for i in range(9)}
+    costs = [12] * 7 + [100, 12]  # seven eighths, then a unit, then an eighth
+    async with Prefetcher(
+        _jobs(costs, log, gates), max_count=1, max_bytes=10**6, unit_bytes=100
+    ) as p:
+        await anyio.wait_all_tasks_blocked()
+        assert sorted(log) == [f"start {i}" for i in range(7)]  # the unit does not fit beside
+        for i in range(7):
+            gates[i].set()
+            assert await p.__anext__() == i
+        await anyio.wait_all_tasks_blocked()
+        assert log[-1] == "start 7"  # nothing else held: the unit runs
+        gates[7].set()
+        gates[8].set()
+        assert [value async for value in p] == [7, 8]
+
+
+def test_unit_bytes_below_one_is_refused() -> None:
+    with pytest.raises(SourceError, match="unit_bytes=0"):
+        Prefetcher(_jobs([1], []), max_count=1, max_bytes=1, unit_bytes=0)
+
+
 async def test_readahead_is_bounded_by_bytes_but_a_big_job_runs_alone() -> None:
     log: list[str] = []
     costs = [40, 40, 40, 500, 10]

@@ -348,6 +348,32 @@ async def test_a_dataloader_workers_stream_ramps_once_it_delivered_one_file_per_
     assert stats.by_bucket["resolvers"] == 40
 
 
+@pytest.mark.parametrize(("block_size", "ahead"), [(8 << 20, 16), (1, 2)])
+async def test_small_row_groups_run_more_ahead_than_prefetch_count(
+    root: Path, tmp_path: Path, block_size: int, ahead: int
+) -> None:
+    """Row groups smaller than ``block_size`` count as their share of a unit (at least
+    an eighth) against ``prefetch_count``: a file of tiny row groups has eight times as
+    many in flight, each costing a round trip; units of a block or more count as one."""
+    data = tmp_path / "small.parquet"
+    make_text_parquet(data, rows=600, row_group_size=10, min_text=5, max_text=10, seed=3)
+    make_repo(root, "org/small", {"data/train-00000-of-00001.parquet": data})
+    expected = pq.read_table(data).to_pylist()
+    opts = _options(tmp_path, prefetch_count=2, block_size=block_size)
+    with HubServer(root, faults=Faults(latency_ms=5)) as hub:
+        s = ash.stream("hf://datasets/org/small", endpoint=hub.endpoint, options=opts)
+        async with s:
+            it = aiter(s)
+            rows = [await anext(it)]
+            for _ in range(3000):  # until the readahead is full (30 s at most)
+                if s.statistics().max_prefetched >= ahead:
+                    break
+                await anyio.sleep(0.01)
+            rows += [row async for row in it]
+    assert rows == expected
+    assert s.statistics().max_prefetched == ahead  # full, and never more
+
+
 async def test_a_ramped_stream_reads_units_of_many_files_once_under_faults(
     root: Path, tmp_path: Path
 ) -> None:
