@@ -243,7 +243,7 @@ class EngineStatistics:
         client of the last iteration, as dicts (empty before the first).
     max_prefetched / max_prefetched_bytes: the most units, and bytes, held read ahead
         (Parquet row groups under ``block_size`` count as their share of a unit against
-        ``prefetch_count``: up to eight times as many of them).
+        ``prefetch_count``: up to four times as many of them).
     prefetch_window: the units that may be read ahead now: the readahead starts one
         unit (one file) ahead and grows by one per unit delivered, up to
         ``StreamOptions.prefetch_count`` (0 before the first iteration); in one of a

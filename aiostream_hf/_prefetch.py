@@ -14,8 +14,8 @@ result once done: from then on the result counts for what it really holds
 result is released when the consumer takes the next one.
 
 With ``unit_bytes``, a job costing less counts as its share of one against
-``max_count`` (in eighths, at least one eighth): small units (row groups of a few
-hundred KB) run up to eight times as many ahead, so that enough bytes are in
+``max_count`` (in quarters, at least one quarter): small units (row groups of a few
+hundred KB) run up to four times as many ahead, so that enough bytes are in
 flight to hide a round trip, while units of ``unit_bytes`` or more count as one.
 
 A ``Ramp`` makes the count bound start small and grow as results reach the
@@ -50,7 +50,7 @@ T = TypeVar("T")
 _B = TypeVar("_B", bound="Background")
 
 #: A job counts against ``max_count`` in these parts of one (with ``unit_bytes``).
-_PARTS = 8
+_PARTS = 4
 
 
 @dataclass(frozen=True)
@@ -198,7 +198,7 @@ class Prefetcher(Background, Generic[T]):
     window (see ``Ramp``); each result delivered grows it, unless ``grow_ramp=False``
     (a readahead feeding another one, which grows it as its results reach the consumer).
     ``unit_bytes``: a job costing less counts as its share of one against ``max_count``
-    (at least one eighth); None: every job counts as one.
+    (at least a quarter); None: every job counts as one.
     """
 
     def __init__(

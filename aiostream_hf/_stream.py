@@ -414,7 +414,7 @@ class Stream(Engine["tuple[_Tag, Any]"]):
             async with plan_ahead:
                 # Row groups smaller than a block count as their share of a unit: a
                 # file of small row groups keeps enough bytes in flight to hide the
-                # round trip of each (at most eight times prefetch_count of them).
+                # round trip of each (at most four times prefetch_count of them).
                 loaded = self._read_ahead(
                     unit_jobs(plan_ahead), opts, ramp, unit_bytes=opts.block_size
                 )

@@ -62,16 +62,16 @@ async def test_readahead_is_bounded_by_count() -> None:
     [
         (100, 3),  # a whole unit counts as one: max_count of them
         (250, 3),  # larger ones too
-        (50, 6),  # half a unit counts as half (4 eighths): twice as many
-        (13, 12),  # just over an eighth counts as two (rounded up)
-        (12, 24),  # an eighth or less counts as one eighth: eight times as many, no more
-        (1, 24),
+        (50, 6),  # half a unit counts as half (2 quarters): twice as many
+        (26, 6),  # just over a quarter counts as two (rounded up)
+        (25, 12),  # a quarter or less counts as one quarter: four times as many, no more
+        (1, 12),
     ],
 )
 async def test_jobs_under_unit_bytes_count_as_their_share_of_one(cost: int, ahead: int) -> None:
     """Small row groups run more ahead (enough bytes in flight to hide a round trip):
     with ``unit_bytes``, a job counts against ``max_count`` as its share of a unit, in
-    eighths, at least one eighth."""
+    quarters, at least one quarter."""
     log: list[str] = []
     gate = anyio.Event()
     async with anyio.create_task_group() as tg:
@@ -90,23 +90,23 @@ async def test_jobs_under_unit_bytes_count_as_their_share_of_one(cost: int, ahea
 
 
 async def test_a_big_job_waits_for_room_a_small_one_would_fit_in() -> None:
-    """Seven eighths held: a small job fits, a whole unit waits until one is taken."""
+    """Three quarters held: a small job fits, a whole unit waits until one is taken."""
     log: list[str] = []
-    gates = {i: anyio.Event() for i in range(9)}
-    costs = [12] * 7 + [100, 12]  # seven eighths, then a unit, then an eighth
+    gates = {i: anyio.Event() for i in range(5)}
+    costs = [25] * 3 + [100, 25]  # three quarters, then a unit, then a quarter
     async with Prefetcher(
         _jobs(costs, log, gates), max_count=1, max_bytes=10**6, unit_bytes=100
     ) as p:
         await anyio.wait_all_tasks_blocked()
-        assert sorted(log) == [f"start {i}" for i in range(7)]  # the unit does not fit beside
-        for i in range(7):
+        assert sorted(log) == [f"start {i}" for i in range(3)]  # the unit does not fit beside
+        for i in range(3):
             gates[i].set()
             assert await p.__anext__() == i
         await anyio.wait_all_tasks_blocked()
-        assert log[-1] == "start 7"  # nothing else held: the unit runs
-        gates[7].set()
-        gates[8].set()
-        assert [value async for value in p] == [7, 8]
+        assert log[-1] == "start 3"  # nothing else held: the unit runs
+        gates[3].set()
+        gates[4].set()
+        assert [value async for value in p] == [3, 4]
 
 
 def test_unit_bytes_below_one_is_refused() -> None:

@@ -348,12 +348,12 @@ async def test_a_dataloader_workers_stream_ramps_once_it_delivered_one_file_per_
     assert stats.by_bucket["resolvers"] == 40
 
 
-@pytest.mark.parametrize(("block_size", "ahead"), [(8 << 20, 16), (1, 2)])
+@pytest.mark.parametrize(("block_size", "ahead"), [(8 << 20, 8), (1, 2)])
 async def test_small_row_groups_run_more_ahead_than_prefetch_count(
     root: Path, tmp_path: Path, block_size: int, ahead: int
 ) -> None:
     """Row groups smaller than ``block_size`` count as their share of a unit (at least
-    an eighth) against ``prefetch_count``: a file of tiny row groups has eight times as
+    a quarter) against ``prefetch_count``: a file of tiny row groups has four times as
     many in flight, each costing a round trip; units of a block or more count as one."""
     data = tmp_path / "small.parquet"
     make_text_parquet(data, rows=600, row_group_size=10, min_text=5, max_text=10, seed=3)
