@@ -38,6 +38,7 @@ warm connections) for a service's life.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import random
 import re
@@ -127,11 +128,17 @@ class ClientStatistics:
     max_connections: int
 
 
+@functools.lru_cache(maxsize=1024)  # every request asks, of a few URLs: parsed once each
 def origin(url: str) -> tuple[str, str, int]:
     """(scheme, host, port) of a URL: what a token is scoped to, and a gate keyed by."""
     u = httpx2.URL(url)
     default = {"http": 80, "https": 443}.get(u.scheme, 0)
     return u.scheme, u.host.lower(), u.port or default
+
+
+@functools.lru_cache(maxsize=1024)
+def _url_path(url: str) -> str:
+    return httpx2.URL(url).path
 
 
 def host_key(url: str) -> str:
@@ -442,7 +449,7 @@ class HubClient:
         if pacing is None or not url:
             return None
         try:
-            path = httpx2.URL(url).path
+            path = _url_path(url)
         except httpx2.InvalidURL:
             return None
         bucket = bucket_of(path)

@@ -35,6 +35,7 @@ wait is bounded, and a server's 429s are still waited out.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import logging
 import os
@@ -134,6 +135,7 @@ class SharedQuota:
                 os.close(fd)
 
     @staticmethod
+    @functools.lru_cache(maxsize=256)  # asked before every request, of a few keys
     def key(pacing: Pacing, host: str, bucket: str, token: str | None) -> Path:
         who = hashlib.sha256(token.encode()).hexdigest()[:16] if token else "anonymous"
         name = hashlib.sha256(f"{host}\0{bucket}\0{who}".encode()).hexdigest()[:32]
