@@ -1,7 +1,7 @@
 """A/B of two checkouts on the remote Parquet path: rows/s and client CPU seconds.
 
-    .venv/bin/python benchmarks/transport_ab.py OLD_CHECKOUT NEW_CHECKOUT [--rounds 5]
-    .venv/bin/python benchmarks/transport_ab.py OLD NEW --repo bench/images --output python \
+    .venv/bin/python benchmarks/parquet_ab.py OLD_CHECKOUT NEW_CHECKOUT [--rounds 5]
+    .venv/bin/python benchmarks/parquet_ab.py OLD NEW --repo bench/images --output python \
         --out benchmarks/results/ab/small-units.json
 
 Each round runs both checkouts, in alternating order, each in a fresh process
@@ -9,7 +9,9 @@ Each round runs both checkouts, in alternating order, each in a fresh process
 its text repo, 8 files, 321 MB, with ``output="arrow"``; ``--output python`` iterates
 dict rows) through one Hub server in its own process, 20 ms added to every request.
 The server and data are parquet_bench's (run it once first). Prints and writes
-benchmarks/results/ab/transport.json (``--out``).
+benchmarks/results/ab/transport.json (``--out``); the A/Bs recorded under
+benchmarks/results/ab/ (transport, engine, ramp, small units) were made with it, the
+earlier ones under its first name, transport_ab.py.
 """
 
 from __future__ import annotations
@@ -97,7 +99,7 @@ def main() -> int:
             f"{s['rows_per_s_max']:,.0f}), client CPU {s['cpu_seconds_median']:.2f} s"
         )
     result = {
-        "benchmark": "transport-ab",
+        "benchmark": "parquet-ab",
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "repo": args.repo,
         "output": args.output,
