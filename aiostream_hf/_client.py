@@ -128,7 +128,9 @@ class ClientStatistics:
     max_connections: int
 
 
-@functools.lru_cache(maxsize=1024)  # every request asks, of a few URLs: parsed once each
+# Every request asks, of the few URLs in use (a file's own, its CDN URL): each is parsed
+# once. Few entries, for a server's URLs can be long (a redirect's Location).
+@functools.lru_cache(maxsize=64)
 def origin(url: str) -> tuple[str, str, int]:
     """(scheme, host, port) of a URL: what a token is scoped to, and a gate keyed by."""
     u = httpx2.URL(url)
@@ -136,7 +138,7 @@ def origin(url: str) -> tuple[str, str, int]:
     return u.scheme, u.host.lower(), u.port or default
 
 
-@functools.lru_cache(maxsize=1024)
+@functools.lru_cache(maxsize=64)
 def _url_path(url: str) -> str:
     return httpx2.URL(url).path
 

@@ -135,7 +135,7 @@ class SharedQuota:
                 os.close(fd)
 
     @staticmethod
-    @functools.lru_cache(maxsize=256)  # asked before every request, of a few keys
+    @functools.lru_cache(maxsize=64)  # asked before every request, of a few keys
     def key(pacing: Pacing, host: str, bucket: str, token: str | None) -> Path:
         who = hashlib.sha256(token.encode()).hexdigest()[:16] if token else "anonymous"
         name = hashlib.sha256(f"{host}\0{bucket}\0{who}".encode()).hexdigest()[:32]
