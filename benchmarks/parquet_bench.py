@@ -26,7 +26,8 @@ last row (resolution included; aiostream gets a fresh cache_dir each run). The
 imports include those a contender's libraries make on first use (asyncio's anyio
 backend, a lazily loaded submodule): each contender's warm-up run lists what it
 imported, and its measured runs import that before the clock starts
-(``_harness.preimport``; ``preimported`` in each run's result), on every side.
+(``_harness.preimport``; ``preimported`` in each run's result), on every side;
+with ``--warmup 0`` nothing is imported ahead.
 One warm-up round, then ``--rounds`` rounds in a rotating order (in pairs, the
 second reversed). Request
 counts and bytes come from the server's stats, reset before each run. Prints a

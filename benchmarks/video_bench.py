@@ -158,19 +158,11 @@ LAZY_IMPORTS: dict[str, list[str]] = {
 }
 
 
-def _preimport(contender: str) -> None:
-    import importlib
-
-    for name in LAZY_IMPORTS.get(contender, []):
-        with contextlib.suppress(ImportError):
-            importlib.import_module(name)
-
-
 def _frames_worker(spec: dict[str, Any]) -> dict[str, Any]:
     contender = spec["contender"]
     times: list[float] = spec["times"]
     out: dict[str, Any] = {}
-    _preimport(contender)
+    _harness.preimport(LAZY_IMPORTS.get(contender, []))
     if contender == "aiostream":
         import anyio
 
