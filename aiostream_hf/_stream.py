@@ -791,4 +791,6 @@ def _held_bytes(loaded: tuple[_Tag, pa.Table]) -> int:
 def _batches(table: pa.Table) -> list[pa.RecordBatch]:
     if not table.num_rows:
         return []
-    return [b for b in table.combine_chunks().to_batches() if b.num_rows]
+    # One batch per chunk: a row group decodes to a few chunks (formats.parquet), and
+    # combining them would copy the unit on the consumer's thread.
+    return [b for b in table.to_batches() if b.num_rows]

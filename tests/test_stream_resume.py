@@ -13,6 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import aiostream_hf as ash
+from aiostream_hf.formats import parquet
 from aiostream_hf.formats.parquet import TAIL_READ_SIZE
 from aiostream_hf.testing import HubServer, make_repo, make_text_parquet
 
@@ -98,6 +99,37 @@ async def test_resume_continues_with_the_next_sample(
             units_before = fresh.statistics().units
     # files of 60, 70, 80, 90 rows in row groups of 25: 3 + 3 + 4 + 4 = 14 units
     assert resumed_units <= 14 - units_before + 1
+
+
+@pytest.mark.parametrize("k", [1, 2, 5, 9])
+async def test_arrow_resumes_between_the_batches_of_a_row_group(
+    repo: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, k: int
+) -> None:
+    # Row groups of 25 rows decoded in batches of ~8 rows (formats.parquet._batch_rows):
+    # several RecordBatches per unit, and a state taken between two of them.
+    monkeypatch.setattr(parquet, "_BATCH_BYTES", 20_000)
+    monkeypatch.setattr(parquet, "_MIN_SPLIT_ROWS", 1)
+    opts = ash.StreamOptions(cache_dir=tmp_path / "cache")
+    with HubServer(repo) as hub:
+
+        def make() -> ash.Stream:
+            return ash.stream(
+                "hf://datasets/org/resume", endpoint=hub.endpoint, options=opts, output="arrow"
+            )
+
+        async with make() as full_stream:
+            full = await _take(full_stream, None)
+            units = full_stream.statistics().units
+        async with make() as first:
+            head = await _take(first, k)
+            state = json.loads(json.dumps(first.state_dict()))
+        async with make() as second:
+            second.load_state_dict(state)
+            tail = await _take(second, None)
+    assert len(full) > 2 * units  # the units were decoded in batches
+    assert head + tail == full
+    ids = [i for batch in full for i in batch]
+    assert len(ids) == len(set(ids)) == 300
 
 
 async def test_a_finished_stream_resumes_to_nothing(repo: Path, tmp_path: Path) -> None:

@@ -82,9 +82,11 @@ _MIN_FILE_SIZE = len(_MAGIC) + _TRAILER
 _PARQUET_816_PADDING = 100
 # Row groups that decode to fewer bytes than this per thread are decoded on one thread.
 _PARALLEL_MIN_BYTES = 4 * 1024 * 1024
-# Rows asked of pyarrow at once: see _read_columns.
+# Rows asked of pyarrow at once: see _batch_rows.
 _MIN_BATCH_ROWS = 1 << 20
 _BATCH_ROWS_PER_BYTE = 64
+_BATCH_BYTES = 4 * 1024 * 1024
+_MIN_SPLIT_ROWS = 64
 
 _PARQUET_MR_VERSION = re.compile(r"^parquet-mr\s+version\s+(\d+)\.(\d+)\.(\d+)")
 
@@ -342,7 +344,12 @@ def decode_row_group(
     """
     groups = _column_groups(footer, plan)
     read = partial(
-        _read_columns, footer, plan.row_group, buffers=buffers, verify_checksums=verify_checksums
+        _read_columns,
+        footer,
+        plan.row_group,
+        batch=_batch_rows(footer, plan),
+        buffers=buffers,
+        verify_checksums=verify_checksums,
     )
     try:
         if len(groups) == 1:
@@ -382,37 +389,48 @@ def decode_row_group(
 # -- helpers ---------------------------------------------------------------------------
 
 
+def _batch_rows(footer: ParquetFooter, plan: RowGroupPlan) -> int:
+    """The rows pyarrow is asked for at once when it decodes ``plan``'s row group.
+
+    pyarrow sizes its buffers by the rows it is asked for, so asking for the
+    footer's row count at once lets a footer that says 2**40 rows over a few pages
+    allocate terabytes: a batch is at most ``_BATCH_ROWS_PER_BYTE`` rows per byte
+    of the column chunks read (at least ``_MIN_BATCH_ROWS``), and a lying count
+    ends with the rows the pages hold (``decode_row_group`` then refuses them).
+
+    Below that bound, a row group is cut into equal batches of about
+    ``_BATCH_BYTES`` decoded (by the footer's uncompressed sizes; at least
+    ``_MIN_SPLIT_ROWS`` rows): Arrow grows a column's buffers as it decodes, and
+    buffers of a few MiB are grown in memory the allocator has at hand, where one
+    buffer of a whole row group is grown into fresh pages and copied as it
+    grows. The batches of every column group are cut at the same rows.
+    """
+    rows = int(footer.metadata.row_group(plan.row_group).num_rows)
+    chunk_bytes = sum(end - start for start, end in plan.ranges)
+    cap = max(_MIN_BATCH_ROWS, _BATCH_ROWS_PER_BYTE * chunk_bytes)
+    parts = max(1, -(-plan.uncompressed // _BATCH_BYTES))
+    even = max(_MIN_SPLIT_ROWS, -(-rows // parts))
+    return max(1, min(rows, cap, even))
+
+
 def _read_columns(
     footer: ParquetFooter,
     row_group: int,
     columns: Sequence[str],
     *,
+    batch: int,
     buffers: Mapping[tuple[int, int], BufferLike],
     verify_checksums: bool,
 ) -> pa.Table:
-    """Decode some columns of a row group on this thread.
+    """Decode some columns of a row group on this thread, ``batch`` rows at a time
+    (``_batch_rows``); the table has a chunk per batch.
 
     pyarrow wraps what a Python file returns in buffers that take the GIL when
     they are freed; with ``use_threads=True`` Arrow's own worker threads free
     them after the read returns, and one that does so while the interpreter
     exits aborts the process. So pyarrow decodes on the calling thread, and
     ``decode_row_group`` spreads columns over Python threads that it joins.
-
-    The row group is read in batches: pyarrow sizes its buffers by the rows it is
-    asked for, so asking for the footer's row count at once lets a footer that says
-    2**40 rows over a few pages allocate terabytes. A batch is at most
-    ``_BATCH_ROWS_PER_BYTE`` rows per byte of the column chunks (at least
-    ``_MIN_BATCH_ROWS``): one batch for any usual row group, and a lying count
-    ends with the rows the pages hold (``decode_row_group`` then refuses them).
     """
-    meta = footer.metadata.row_group(row_group)
-    chunk_bytes = sum(
-        meta.column(i).total_compressed_size for c in columns for i in footer.leaf_columns[c]
-    )
-    batch = min(
-        max(int(meta.num_rows), 1),
-        max(_MIN_BATCH_ROWS, _BATCH_ROWS_PER_BYTE * chunk_bytes),
-    )
     native = pa.PythonFile(_RangeFile(footer.name, footer.file_size, buffers), mode="r")
     try:
         with pq.ParquetFile(

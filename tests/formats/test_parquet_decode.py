@@ -70,6 +70,7 @@ class Streamed:
     footer: ParquetFooter
     plans: list[RowGroupPlan]
     fetcher: FakeFetcher
+    tables: list[pa.Table]  # one per row group, as decoded
 
 
 def open_footer(fetcher: FakeFetcher, name: str, tail_size: int = TAIL_READ_SIZE) -> ParquetFooter:
@@ -99,7 +100,7 @@ def stream(
     names = list(columns) if columns is not None else footer.schema.names
     empty = footer.schema.empty_table().select(names)
     table = pa.concat_tables(tables) if tables else empty
-    return Streamed(table, footer, plans, fetcher)
+    return Streamed(table, footer, plans, fetcher, tables)
 
 
 def _nan_safe(value: Any) -> Any:
@@ -260,6 +261,28 @@ def test_columns_decoded_on_several_threads(
     groups = parquet._column_groups(result.footer, result.plans[0])
     assert len(groups) == 3
     assert sorted(c for g in groups for c in g) == sorted(result.plans[0].read_columns)
+
+
+def test_a_row_group_decodes_in_even_batches_cut_alike_in_every_column(
+    tmp_path: Path, rich: pa.Table, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(parquet, "_PARALLEL_MIN_BYTES", 1)  # columns on several threads
+    monkeypatch.setattr(parquet, "usable_cpus", lambda: 3)
+    path = tmp_path / "batches.parquet"
+    pq.write_table(rich, path, row_group_size=1000)
+    plans = plan_row_groups(parse_footer(path.read_bytes(), path.stat().st_size, path.name))
+    # about a fifth of the first row group per batch: five even batches of 200 rows
+    monkeypatch.setattr(parquet, "_BATCH_BYTES", -(-plans[0].uncompressed // 5))
+    monkeypatch.setattr(parquet, "_MIN_SPLIT_ROWS", 1)
+    result = assert_same_as_pyarrow(path)
+    first = result.tables[0]
+    assert len(parquet._column_groups(result.footer, result.plans[0])) == 3
+    for column in first.columns:
+        assert [len(chunk) for chunk in column.chunks] == [200] * 5
+    # A floor of rows per batch: a row group is not cut into batches of a few rows.
+    monkeypatch.setattr(parquet, "_MIN_SPLIT_ROWS", 400)
+    first = stream(path).tables[0]
+    assert [len(chunk) for chunk in first.column("id").chunks] == [400, 400, 200]
 
 
 def test_no_columns_counts_rows_without_fetching(tmp_path: Path, rich: pa.Table) -> None:
