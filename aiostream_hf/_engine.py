@@ -57,6 +57,7 @@ __all__ = [
 ]
 
 T = TypeVar("T")
+R = TypeVar("R")
 _E = TypeVar("_E", bound="Engine[Any]")
 
 _DEFAULT_SHUFFLE_BUFFER = 1000
@@ -368,16 +369,16 @@ class Engine(ABC, Generic[T]):
 
     async def _read_ahead(
         self,
-        jobs: AsyncIterator[Job[T]],
+        jobs: AsyncIterator[Job[R]],
         options: StreamOptions,
         ramp: Ramp | None = None,
         *,
         unit_bytes: int | None = None,
-    ) -> AsyncGenerator[T, None]:
+    ) -> AsyncGenerator[R, None]:
         """The results of ``jobs``, in order, run ahead within the options' budgets; the
         count ramps up from one (``ramp``, else a ramp of its own to ``prefetch_count``).
         ``unit_bytes``: a job costing less counts as its share of one (``Prefetcher``)."""
-        ahead: Prefetcher[T] = Prefetcher(
+        ahead: Prefetcher[R] = Prefetcher(
             jobs,
             max_count=options.prefetch_count,
             max_bytes=options.prefetch_bytes,

@@ -362,12 +362,13 @@ class Stream(Engine["tuple[_Tag, Any]"]):
 
             async def unit_jobs(
                 planned: Prefetcher[tuple[int, list[Unit]]],
-            ) -> AsyncIterator[Job[Any]]:
+            ) -> AsyncIterator[Job[list[tuple[_Tag, Any]]]]:
                 seq = cursor["file_seq"] if cursor else 0
                 async for pos, units in planned:
                     self._files += 1
                     file_seq = seq
                     last = units[-1] if units else None
+                    group: list[tuple[Unit, _Tag]] = []
                     for unit in units:
                         seq += 1
                         if not by_file and (seq - 1) % self._world_size != self._rank:
@@ -383,20 +384,33 @@ class Stream(Engine["tuple[_Tag, Any]"]):
                         # After a file's last unit, the cursor moves to the next file.
                         after = file_seq + len(units) if unit is last else None
                         tag = _Tag(pos, unit.index, file_seq, skip, next_file_seq=after)
-                        decoder = decoders[unit.file.url]
-                        run = partial(self._load, decoder, unit, fetcher, tag, sizes, decoding)
-                        yield Job(
-                            sizes.reserve(unit),
-                            run,
-                            held=_held_bytes,
-                            group=pos,
-                            more_in_group=unit is not last,
+                        group.append((unit, tag))
+                        # Small units side by side load together: their bytes in one
+                        # request, their decodes in one thread hand-off (_load); once a
+                        # unit is measured, for an estimate can be far off (_UnitSizes).
+                        joins = (
+                            join_limit > 0
+                            and sizes.measured.is_set()
+                            and _joins(group, join_limit, sizes.reserve)
                         )
+                        if unit is not last and joins:
+                            continue
+                        job, group = self._unit_job(decoders, group, fetcher, sizes, decoding), []
+                        yield replace(job, group=pos, more_in_group=unit is not last)
                         sizes.started += 1
                         if sizes.started >= _UNMEASURED_UNITS:
                             await sizes.measured.wait()
+                    if group:  # the last units of the file were not this rank's
+                        job = self._unit_job(decoders, group, fetcher, sizes, decoding)
+                        yield replace(job, group=pos, more_in_group=False)
+                        sizes.started += 1
 
             sizes = _UnitSizes()
+            # Units loaded together hold a block at most, and a quarter of the budget; only
+            # units side by side in their file join (whole files for this rank, every
+            # column, no row group pruned): a read of several never spans bytes not asked.
+            whole = by_file and self._request.columns is None and self._request.filter is None
+            join_limit = min(opts.block_size, opts.prefetch_bytes // 4) if whole else 0
             # Decodes beyond the cores only slow the one the consumer waits for.
             decoding = anyio.CapacityLimiter(usable_cpus())
             # One ramp bounds both readaheads: the files planned (a resolver request and
@@ -419,8 +433,11 @@ class Stream(Engine["tuple[_Tag, Any]"]):
                     unit_jobs(plan_ahead), opts, ramp, unit_bytes=opts.block_size
                 )
                 try:
-                    async for item in loaded:
-                        yield item
+                    async for items in loaded:
+                        for item in items:
+                            if isinstance(item[1], _Failed):
+                                raise item[1].error
+                            yield item
                 finally:
                     await loaded.aclose()  # on this task, which holds its scopes
             self._end = {"file": len(files), "unit": 0, "row": 0, "done": True, "file_seq": 0}
@@ -502,24 +519,54 @@ class Stream(Engine["tuple[_Tag, Any]"]):
     ) -> tuple[int, list[Unit]]:
         return pos, await decoder.plan(file, source, self._request)
 
+    def _unit_job(
+        self,
+        decoders: Mapping[str, Decoder[Any]],
+        group: list[tuple[Unit, _Tag]],
+        source: ByteSource,
+        sizes: _UnitSizes,
+        decoding: anyio.CapacityLimiter,
+    ) -> Job[list[tuple[_Tag, Any]]]:
+        """The job that loads a run of units of one file (usually one unit)."""
+        decoder = decoders[group[0][0].file.url]
+        run = partial(self._load, decoder, group, source, sizes, decoding)
+        return Job(sum(sizes.reserve(unit) for unit, _ in group), run, held=_held_bytes)
+
     async def _load(
         self,
         decoder: Decoder[Any],
-        unit: Unit,
+        group: list[tuple[Unit, _Tag]],
         source: ByteSource,
-        tag: _Tag,
         sizes: _UnitSizes,
         decoding: anyio.CapacityLimiter,
-    ) -> tuple[_Tag, Any]:
+    ) -> list[tuple[_Tag, Any]]:
+        """Fetch and decode units of one file: (tag, table) of each, in order."""
+        units = [unit for unit, _ in group]
         try:
-            fetched = await decoder.fetch(unit, source)
-            table = await anyio.to_thread.run_sync(
-                self._decode, decoder, unit, fetched, tag, limiter=decoding
+            fetched = await decoder.fetch_many(units, source)
+            loaded = await anyio.to_thread.run_sync(
+                self._decode_all, decoder, group, fetched, limiter=decoding
             )
-            sizes.learn(unit, _held_bytes((tag, table)))
-            return tag, table
+            for (unit, _), item in zip(group, loaded, strict=False):  # shorter if one failed
+                if not isinstance(item[1], _Failed):
+                    sizes.learn(unit, _held_bytes([item]))
+            return loaded
         finally:
             sizes.measured.set()
+
+    def _decode_all(
+        self, decoder: Decoder[Any], group: list[tuple[Unit, _Tag]], fetched: list[Any]
+    ) -> list[tuple[_Tag, Any]]:
+        """Decode each unit in turn; a unit that fails ends the run with its error in
+        place of its table, so that the units before it are still delivered."""
+        loaded: list[tuple[_Tag, Any]] = []
+        for (unit, tag), data in zip(group, fetched, strict=True):
+            try:
+                loaded.append((tag, self._decode(decoder, unit, data, tag)))
+            except Exception as exc:
+                loaded.append((tag, _Failed(exc)))
+                break
+        return loaded
 
     def _decode(self, decoder: Decoder[Any], unit: Unit, fetched: Any, tag: _Tag) -> Any:
         table = decoder.decode(unit, fetched, self._request)
@@ -783,9 +830,27 @@ def _conversion_error(where: str, exc: Exception) -> DecodeError:
     )
 
 
-def _held_bytes(loaded: tuple[_Tag, pa.Table]) -> int:
-    """What a loaded unit holds: its table's buffers."""
-    return int(loaded[1].get_total_buffer_size())
+def _held_bytes(loaded: Sequence[tuple[_Tag, Any]]) -> int:
+    """What loaded units hold: their tables' buffers."""
+    return sum(
+        int(table.get_total_buffer_size()) for _, table in loaded if not isinstance(table, _Failed)
+    )
+
+
+@dataclass(frozen=True)
+class _Failed:
+    """A unit whose decode failed, in place of its table (``Stream._decode_all``)."""
+
+    error: Exception
+
+
+def _joins(group: Sequence[tuple[Unit, _Tag]], limit: int, weigh: Callable[[Unit], int]) -> bool:
+    """True while a run of units may take one more: each weighs (fetched and decoded,
+    as the readahead reserves it) under a quarter of ``limit`` (a row group of a few
+    hundred KB), and all of them with one more at most ``limit``."""
+    small = limit // 4
+    weights = [weigh(unit) for unit, _ in group]
+    return max(weights) < small and sum(weights) < limit - small
 
 
 def _batches(table: pa.Table) -> list[pa.RecordBatch]:

@@ -195,6 +195,12 @@ class Decoder(ABC, Generic[_U]):
     async def fetch(self, unit: _U, source: ByteSource) -> Any:
         """The bytes of one unit."""
 
+    async def fetch_many(self, units: Sequence[_U], source: ByteSource) -> list[Any]:
+        """The bytes of several units of one file, in their order. A decoder whose units'
+        bytes lie side by side asks for them together (one request for many small
+        units); by default, one ``fetch`` after another."""
+        return [await self.fetch(unit, source) for unit in units]
+
     @abstractmethod
     def decode(self, unit: _U, fetched: Any, request: ReadRequest) -> pa.Table:
         """Turn a unit's bytes into rows. Synchronous and pure: runs in a worker thread."""

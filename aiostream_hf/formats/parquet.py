@@ -390,27 +390,19 @@ def decode_row_group(
 
 
 def _batch_rows(footer: ParquetFooter, plan: RowGroupPlan) -> int:
-    """The rows pyarrow is asked for at once when it decodes ``plan``'s row group.
+    """The rows pyarrow is asked for at once when it decodes ``plan``'s row group
+    (``_read_columns`` bounds it further for the columns each thread decodes).
 
-    pyarrow sizes its buffers by the rows it is asked for, so asking for the
-    footer's row count at once lets a footer that says 2**40 rows over a few pages
-    allocate terabytes: a batch is at most ``_BATCH_ROWS_PER_BYTE`` rows per byte
-    of the column chunks read (at least ``_MIN_BATCH_ROWS``), and a lying count
-    ends with the rows the pages hold (``decode_row_group`` then refuses them).
-
-    Below that bound, a row group is cut into equal batches of about
-    ``_BATCH_BYTES`` decoded (by the footer's uncompressed sizes; at least
-    ``_MIN_SPLIT_ROWS`` rows): Arrow grows a column's buffers as it decodes, and
-    buffers of a few MiB are grown in memory the allocator has at hand, where one
-    buffer of a whole row group is grown into fresh pages and copied as it
-    grows. The batches of every column group are cut at the same rows.
+    A row group is cut into equal batches of about ``_BATCH_BYTES`` decoded (by the
+    footer's uncompressed sizes; at least ``_MIN_SPLIT_ROWS`` rows): Arrow grows a
+    column's buffers as it decodes, and buffers of a few MiB are grown in memory the
+    allocator has at hand, where one buffer of a whole row group is grown into fresh
+    pages and copied as it grows. The batches of every column group are cut at the
+    same rows.
     """
     rows = int(footer.metadata.row_group(plan.row_group).num_rows)
-    chunk_bytes = sum(end - start for start, end in plan.ranges)
-    cap = max(_MIN_BATCH_ROWS, _BATCH_ROWS_PER_BYTE * chunk_bytes)
     parts = max(1, -(-plan.uncompressed // _BATCH_BYTES))
-    even = max(_MIN_SPLIT_ROWS, -(-rows // parts))
-    return max(1, min(rows, cap, even))
+    return max(1, min(rows, max(_MIN_SPLIT_ROWS, -(-rows // parts))))
 
 
 def _read_columns(
@@ -423,14 +415,25 @@ def _read_columns(
     verify_checksums: bool,
 ) -> pa.Table:
     """Decode some columns of a row group on this thread, ``batch`` rows at a time
-    (``_batch_rows``); the table has a chunk per batch.
+    (``_batch_rows``) at the most; the table has a chunk per batch.
 
     pyarrow wraps what a Python file returns in buffers that take the GIL when
     they are freed; with ``use_threads=True`` Arrow's own worker threads free
     them after the read returns, and one that does so while the interpreter
     exits aborts the process. So pyarrow decodes on the calling thread, and
     ``decode_row_group`` spreads columns over Python threads that it joins.
+
+    pyarrow sizes its buffers by the rows it is asked for, so asking for the
+    footer's row count at once lets a footer that says 2**40 rows over a few pages
+    allocate terabytes. A batch is at most ``_BATCH_ROWS_PER_BYTE`` rows per byte of
+    these columns' chunks (at least ``_MIN_BATCH_ROWS``), and a lying count ends
+    with the rows the pages hold (``decode_row_group`` then refuses them).
     """
+    meta = footer.metadata.row_group(row_group)
+    chunk_bytes = sum(
+        meta.column(i).total_compressed_size for c in columns for i in footer.leaf_columns[c]
+    )
+    batch = min(batch, max(_MIN_BATCH_ROWS, _BATCH_ROWS_PER_BYTE * chunk_bytes))
     native = pa.PythonFile(_RangeFile(footer.name, footer.file_size, buffers), mode="r")
     try:
         with pq.ParquetFile(
@@ -694,25 +697,37 @@ class ParquetDecoder(Decoder[ParquetUnit]):
     async def fetch(
         self, unit: ParquetUnit, source: ByteSource
     ) -> dict[tuple[int, int], BufferLike]:
-        assert unit.plan is not None
-        ranges = list(unit.plan.ranges)
-        if not ranges:
-            return {}
-        if unit.tail is None:
-            return dict(zip(ranges, await source.read_buffers(unit.file, ranges), strict=True))
-        # The bytes read with the footer are not fetched again: each range is fetched up
-        # to where the tail begins, and the rest is a view of the tail (the decode reads
-        # a range cut in two as one, joining it on its own thread).
-        held_from, held = unit.tail
-        tail = memoryview(held)
-        wanted = [(s, min(e, held_from)) for s, e in ranges if s < held_from]
-        fetched = iter(await source.read_buffers(unit.file, wanted) if wanted else [])
-        out: dict[tuple[int, int], BufferLike] = {}
-        for s, e in ranges:
-            if s < held_from:
-                out[(s, min(e, held_from))] = next(fetched)
-            if e > held_from:
-                out[(max(s, held_from), e)] = tail[max(s, held_from) - held_from : e - held_from]
+        (fetched,) = await self.fetch_many([unit], source)
+        return fetched
+
+    async def fetch_many(
+        self, units: Sequence[ParquetUnit], source: ByteSource
+    ) -> list[dict[tuple[int, int], BufferLike]]:
+        """The column chunks of ``units`` (of one file) in one ``read_buffers`` call: the
+        fetcher asks for ranges side by side in one request. Bytes read with the footer
+        are not fetched again: a range reaching into the tail is fetched up to where the
+        tail begins, and the rest is a view of it (the decode reads a range cut in two
+        as one, joining it on its own thread)."""
+        out: list[dict[tuple[int, int], BufferLike]] = []
+        wanted: list[tuple[int, tuple[int, int]]] = []  # (unit's place, range to fetch)
+        for i, unit in enumerate(units):
+            assert unit.plan is not None
+            held: dict[tuple[int, int], BufferLike] = {}
+            for start, end in unit.plan.ranges:
+                if unit.tail is None or end <= unit.tail[0]:
+                    wanted.append((i, (start, end)))
+                    continue
+                held_from, tail = unit.tail
+                if start < held_from:
+                    wanted.append((i, (start, held_from)))
+                at = max(start, held_from)
+                held[(at, end)] = memoryview(tail)[at - held_from : end - held_from]
+            out.append(held)
+        if wanted:
+            file = units[0].file
+            got = await source.read_buffers(file, [r for _, r in wanted])
+            for (i, r), data in zip(wanted, got, strict=True):
+                out[i][r] = data
         return out
 
     def decode(

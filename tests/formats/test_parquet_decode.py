@@ -285,6 +285,39 @@ def test_a_row_group_decodes_in_even_batches_cut_alike_in_every_column(
     assert [len(chunk) for chunk in first.column("id").chunks] == [400, 400, 200]
 
 
+def test_each_column_group_bounds_its_batch_by_its_own_bytes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The rows asked of pyarrow at once are bounded by the bytes of the columns a thread
+    # decodes, not of the whole row group: a lying row count cannot make the thread of a
+    # small column allocate for the rows a large column's bytes could hold.
+    n = 2000
+    table = pa.table(
+        {
+            "flag": pa.array([0] * n, pa.int8()),
+            "text": pa.array([f"{i:08d}" * 40 for i in range(n)]),
+        }
+    )
+    path = tmp_path / "groups.parquet"
+    pq.write_table(table, path, row_group_size=n)
+    monkeypatch.setattr(parquet, "_PARALLEL_MIN_BYTES", 1)
+    monkeypatch.setattr(parquet, "usable_cpus", lambda: 2)
+    monkeypatch.setattr(parquet, "_MIN_BATCH_ROWS", 1)
+    monkeypatch.setattr(parquet, "_BATCH_ROWS_PER_BYTE", 1)
+    asked: dict[tuple[str, ...], int] = {}
+    iter_batches = pq.ParquetFile.iter_batches
+
+    def spy(self: pq.ParquetFile, batch_size: int, **kw: Any) -> Any:
+        asked[tuple(kw["columns"])] = batch_size
+        return iter_batches(self, batch_size, **kw)
+
+    monkeypatch.setattr(pq.ParquetFile, "iter_batches", spy)
+    result = assert_same_as_pyarrow(path)
+    flag_bytes = result.footer.metadata.row_group(0).column(0).total_compressed_size
+    assert flag_bytes < n  # a run-length encoded constant: fewer bytes than rows
+    assert asked == {("flag",): flag_bytes, ("text",): n}
+
+
 def test_no_columns_counts_rows_without_fetching(tmp_path: Path, rich: pa.Table) -> None:
     path = tmp_path / "count.parquet"
     pq.write_table(rich, path, row_group_size=400)
