@@ -627,3 +627,29 @@ async def test_the_next_unit_fetches_while_the_first_decodes(tmp_path: Path) -> 
     # decode ended first), never on a guess.
     measured = min(events.index(("decoded", 0)), events.index(("decoded", 1)))
     assert measured < events.index(("fetch", 2))
+
+
+async def test_a_corrupt_row_group_in_a_run_loaded_together_comes_after_the_rows_before_it(
+    root: Path, tmp_path: Path
+) -> None:
+    # Tiny row groups load together once one is measured; when one of a run fails to
+    # decode, the rows of the row groups before it are delivered, then its error.
+    path = tmp_path / "runs.parquet"
+    table = make_text_parquet(path, rows=300, row_group_size=10, min_text=200, max_text=400)
+    meta = pq.ParquetFile(path).metadata
+    bad = 20
+    chunk = meta.row_group(bad).column(0)
+    start = chunk.dictionary_page_offset or chunk.data_page_offset
+    data = bytearray(path.read_bytes())
+    data[start : start + chunk.total_compressed_size] = b"\xff" * chunk.total_compressed_size
+    make_repo(root, "org/runs", {"data/train.parquet": bytes(data)})
+    rows: list[dict[str, Any]] = []
+    with HubServer(root) as hub:
+        s = ash.stream("hf://datasets/org/runs", endpoint=hub.endpoint, options=_options(tmp_path))
+        with pytest.raises(ash.DecodeError, match=f"row group {bad} of"):
+            async with s:
+                async for row in s:
+                    rows.append(row)
+        served = hub.stats()
+    assert rows == table.slice(0, bad * 10).to_pylist()
+    assert served.by_bucket["cdn"] < bad  # the row groups before it came in runs
