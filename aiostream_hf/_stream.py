@@ -390,6 +390,7 @@ class Stream(Engine["tuple[_Tag, Any]"]):
                         # unit is measured, for an estimate can be far off (_UnitSizes).
                         joins = (
                             join_limit > 0
+                            and decoders[unit.file.url].joins_units
                             and sizes.measured.is_set()
                             and _joins(group, join_limit, sizes.reserve)
                         )
@@ -400,10 +401,9 @@ class Stream(Engine["tuple[_Tag, Any]"]):
                         sizes.started += 1
                         if sizes.started >= _UNMEASURED_UNITS:
                             await sizes.measured.wait()
-                    if group:  # the last units of the file were not this rank's
-                        job = self._unit_job(decoders, group, fetcher, sizes, decoding)
-                        yield replace(job, group=pos, more_in_group=False)
-                        sizes.started += 1
+                    # Units join only where every unit of the file is this rank's, and the
+                    # last one always ends its run: none is left behind.
+                    assert not group, "a run of units did not end with its file"
 
             sizes = _UnitSizes()
             # Units loaded together hold a block at most, and a quarter of the budget; only

@@ -186,6 +186,9 @@ class Decoder(ABC, Generic[_U]):
 
     name: ClassVar[str]
     extensions: ClassVar[tuple[str, ...]]
+    joins_units: ClassVar[bool] = False
+    """True when ``fetch_many`` asks for units side by side in one request: the stream
+    then loads runs of small units as one job (else each unit is a job of its own)."""
 
     @abstractmethod
     async def plan(self, file: FileRef, source: ByteSource, request: ReadRequest) -> list[_U]:
@@ -196,9 +199,8 @@ class Decoder(ABC, Generic[_U]):
         """The bytes of one unit."""
 
     async def fetch_many(self, units: Sequence[_U], source: ByteSource) -> list[Any]:
-        """The bytes of several units of one file, in their order. A decoder whose units'
-        bytes lie side by side asks for them together (one request for many small
-        units); by default, one ``fetch`` after another."""
+        """The bytes of several units of one file, in their order: one ``fetch`` after
+        another, unless the decoder asks for them together (``joins_units``)."""
         return [await self.fetch(unit, source) for unit in units]
 
     @abstractmethod

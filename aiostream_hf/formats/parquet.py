@@ -672,6 +672,7 @@ class ParquetDecoder(Decoder[ParquetUnit]):
 
     name = "parquet"
     extensions = (".parquet", ".parq")
+    joins_units = True
 
     async def plan(
         self, file: FileRef, source: ByteSource, request: ReadRequest
