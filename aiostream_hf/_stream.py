@@ -368,7 +368,7 @@ class Stream(Engine["tuple[_Tag, Any]"]):
                     self._files += 1
                     file_seq = seq
                     last = units[-1] if units else None
-                    group: list[tuple[Unit, _Tag]] = []
+                    kept: list[tuple[Unit, int]] = []  # this rank's units, rows to skip
                     for unit in units:
                         seq += 1
                         if not by_file and (seq - 1) % self._world_size != self._rank:
@@ -381,6 +381,10 @@ class Stream(Engine["tuple[_Tag, Any]"]):
                                 if cursor["done"]:
                                     continue
                                 skip = cursor["row"]
+                        kept.append((unit, skip))
+                    last_kept = kept[-1][0] if kept else None
+                    group: list[tuple[Unit, _Tag]] = []
+                    for unit, skip in kept:
                         # After a file's last unit, the cursor moves to the next file.
                         after = file_seq + len(units) if unit is last else None
                         tag = _Tag(pos, unit.index, file_seq, skip, next_file_seq=after)
@@ -394,15 +398,16 @@ class Stream(Engine["tuple[_Tag, Any]"]):
                             and sizes.measured.is_set()
                             and _joins(group, join_limit, sizes.reserve)
                         )
-                        if unit is not last and joins:
+                        if unit is not last_kept and joins:
                             continue
                         job, group = self._unit_job(decoders, group, fetcher, sizes, decoding), []
-                        yield replace(job, group=pos, more_in_group=unit is not last)
+                        # Whether more of this file's units follow for this rank: none after
+                        # its last kept one, though other ranks' may.
+                        yield replace(job, group=pos, more_in_group=unit is not last_kept)
                         sizes.started += 1
                         if sizes.started >= _UNMEASURED_UNITS:
                             await sizes.measured.wait()
-                    # Units join only where every unit of the file is this rank's, and the
-                    # last one always ends its run: none is left behind.
+                    # The last kept unit always ends its run: none is left behind.
                     assert not group, "a run of units did not end with its file"
 
             sizes = _UnitSizes()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -653,3 +654,48 @@ async def test_a_corrupt_row_group_in_a_run_loaded_together_comes_after_the_rows
         served = hub.stats()
     assert rows == table.slice(0, bad * 10).to_pylist()
     assert served.by_bucket["cdn"] < bad  # the row groups before it came in runs
+
+
+class _CountsAfterSlowFirstDecode(ParquetDecoder):
+    """Parquet whose first decode takes a while, noting the server's resolver requests
+    when it ends: what the stream planned while its first unit was held (nothing has
+    reached the consumer, so the readahead's window has not grown)."""
+
+    def __init__(self, hub: HubServer) -> None:
+        self._hub = hub
+        self.resolvers: int | None = None
+
+    def decode(self, unit: Any, fetched: Any, request: Any) -> pa.Table:
+        first = self.resolvers is None
+        table = super().decode(unit, fetched, request)
+        if first:
+            time.sleep(0.3)  # room for the stream to plan ahead, if it would
+            self.resolvers = self._hub.stats().by_bucket.get("resolvers", 0)
+        return table
+
+
+async def test_a_rank_keeping_some_units_of_each_file_ramps_up_from_one_file(
+    root: Path, tmp_path: Path
+) -> None:
+    """With fewer files than ranks, every rank plans every file and keeps every
+    world_size-th unit: rank 1 of 4 keeps the second row group of each file, never its
+    last. That unit still ends the file for this rank, so the readahead does not take
+    the next file's unit (and with it the next file's plan) early: before the first row
+    the stream has planned the file it reads and the next one, as with whole files."""
+    expected = _many_files(root, 3, rows=40, row_group_size=10)
+    with HubServer(root, faults=Faults(latency_ms=5)) as hub:
+        opts = _options(tmp_path)
+        async with Resolver(options=opts) as resolver:
+            manifest = await resolver.resolve("hf://datasets/org/many", endpoint=hub.endpoint)
+        hub.reset_stats()
+        counting = _CountsAfterSlowFirstDecode(hub)
+        s = ash.stream(manifest, format=counting, options=opts, rank=1, world_size=4)
+        async with s:
+            rows = [row async for row in s]
+        stats = hub.stats()
+    assert counting.resolvers is not None
+    assert 1 <= counting.resolvers <= 2
+    # The second row group (rows 10-19) of each file, in file order, each once.
+    mine = [r for i, r in enumerate(expected) if (i % 40) // 10 == 1]
+    assert rows == mine
+    assert stats.by_bucket["resolvers"] == 3
