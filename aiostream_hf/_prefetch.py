@@ -64,6 +64,9 @@ class Job(Generic[T]):
     group: Hashable | None = None
     #: Another job of this group comes next (so taking it opens nothing new).
     more_in_group: bool = False
+    #: Its result, delivered, grows the ramp: False for a job that delivers no rows
+    #: (a file's head read), which must not open more files than the rows would.
+    grows: bool = True
 
 
 @dataclass(frozen=True)
@@ -139,12 +142,15 @@ class Ramp:
 
 
 class _Slot(Generic[T]):
-    __slots__ = ("cost", "done", "error", "group", "more_in_group", "value")
+    __slots__ = ("cost", "done", "error", "group", "grows", "more_in_group", "value")
 
-    def __init__(self, cost: int, group: Hashable | None = None, more: bool = False) -> None:
+    def __init__(
+        self, cost: int, group: Hashable | None = None, more: bool = False, grows: bool = True
+    ) -> None:
         self.cost = cost
         self.group = group
         self.more_in_group = more
+        self.grows = grows
         self.done = anyio.Event()
         self.value: T | None = None
         self.error: BaseException | None = None
@@ -309,7 +315,7 @@ class Prefetcher(Background, Generic[T]):
                     break
                 while not self._fits(job):
                     await self._wait_for_space()
-                slot: _Slot[T] = _Slot(job.cost, job.group, job.more_in_group)
+                slot: _Slot[T] = _Slot(job.cost, job.group, job.more_in_group, job.grows)
                 self._slots.append(slot)
                 self._held_bytes += job.cost
                 self._started += 1
@@ -369,7 +375,7 @@ class Prefetcher(Background, Generic[T]):
         if slot.error is not None:
             raise slot.error
         self._delivered += 1
-        if self._grow_ramp:
+        if self._grow_ramp and slot.grows:
             assert self._ramp is not None
             self._ramp.grow()
         return slot.value  # type: ignore[return-value]

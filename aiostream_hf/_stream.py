@@ -46,6 +46,7 @@ from ._engine import (
 )
 from ._exceptions import DecodeError, SourceError
 from ._fetcher import RangeFetcher
+from ._head import HeadFirst, HeadRead
 from ._models import FileRef, Manifest
 from ._options import StreamOptions
 from ._prefetch import Job, Prefetcher
@@ -364,7 +365,15 @@ class Stream(Engine["tuple[_Tag, Any]"]):
                 planned: Prefetcher[tuple[int, list[Unit]]],
             ) -> AsyncIterator[Job[list[tuple[_Tag, Any]]]]:
                 seq = cursor["file_seq"] if cursor else 0
+                head = _head_read(files, decoders, join_limit) if cursor is None else None
+                if head is not None:
+                    # Read beside the first file's plan; its units cut their bytes from it.
+                    read = partial(_read_head, head, fetcher)
+                    yield Job(head.end - head.start, read, group=0, more_in_group=True, grows=False)
                 async for pos, units in planned:
+                    source: ByteSource = fetcher
+                    if head is not None and pos == 0:
+                        source = HeadFirst(fetcher, head)
                     self._files += 1
                     file_seq = seq
                     last = units[-1] if units else None
@@ -400,7 +409,7 @@ class Stream(Engine["tuple[_Tag, Any]"]):
                         )
                         if unit is not last_kept and joins:
                             continue
-                        job, group = self._unit_job(decoders, group, fetcher, sizes, decoding), []
+                        job, group = self._unit_job(decoders, group, source, sizes, decoding), []
                         # Whether more of this file's units follow for this rank: none after
                         # its last kept one, though other ranks' may.
                         yield replace(job, group=pos, more_in_group=unit is not last_kept)
@@ -856,6 +865,24 @@ def _joins(group: Sequence[tuple[Unit, _Tag]], limit: int, weigh: Callable[[Unit
     small = limit // 4
     weights = [weigh(unit) for unit, _ in group]
     return max(weights) < small and sum(weights) < limit - small
+
+
+def _head_read(
+    files: Sequence[FileRef], decoders: Mapping[str, Decoder[Any]], limit: int
+) -> HeadRead | None:
+    """The first file's head, read beside its plan (``_head``): where whole files are
+    read (``limit`` > 0: every column, every row group of this rank's files)."""
+    if limit <= 0 or not files:
+        return None
+    file = files[0]
+    at = decoders[file.url].head_range(file, limit)
+    return None if at is None else HeadRead(file, *at)
+
+
+async def _read_head(head: HeadRead, source: RangeFetcher) -> list[tuple[_Tag, Any]]:
+    """The head read as a readahead job: it delivers no rows."""
+    await head.read(source)
+    return []
 
 
 def _batches(table: pa.Table) -> list[pa.RecordBatch]:

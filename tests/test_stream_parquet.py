@@ -358,10 +358,14 @@ async def test_small_row_groups_load_together_or_run_more_ahead(
     """Row groups far smaller than ``block_size`` load together once a unit is measured:
     their bytes in one request, their decodes in one hand-off. Units of a block or more
     load one by one, counted against ``prefetch_count``."""
-    data = tmp_path / "small.parquet"
-    make_text_parquet(data, rows=600, row_group_size=10, min_text=5, max_text=10, seed=3)
-    make_repo(root, "org/small", {"data/train-00000-of-00001.parquet": data})
-    expected = pq.read_table(data).to_pylist()
+    files: dict[str, Path] = {}
+    expected = []
+    for i in range(2):
+        data = tmp_path / f"small-{i}.parquet"
+        make_text_parquet(data, rows=600, row_group_size=10, min_text=5, max_text=10, seed=i)
+        files[f"data/train-0000{i}-of-00002.parquet"] = data
+        expected += pq.read_table(data).to_pylist()
+    make_repo(root, "org/small", files)
     opts = _options(tmp_path, prefetch_count=2, block_size=block_size)
     with HubServer(root, faults=Faults(latency_ms=5)) as hub:
         s = ash.stream("hf://datasets/org/small", endpoint=hub.endpoint, options=opts)
@@ -376,10 +380,11 @@ async def test_small_row_groups_load_together_or_run_more_ahead(
         served = hub.stats()
     assert rows == expected
     stats = s.statistics()
-    assert stats.units == 60
+    assert stats.units == 120
     if ahead is None:
-        # the footer (whose tail read holds the last row groups), the two row groups that
-        # start before any is measured, then the rest of them in one read
+        # The first file: its tail read (the footer and the last row groups) and its
+        # head, read beside it, hold every row group. The second, planned once a unit
+        # was measured: its tail, then the rest of its row groups in one read.
         assert served.by_bucket["cdn"] == 4
     else:
         assert stats.max_prefetched == ahead  # full, and never more

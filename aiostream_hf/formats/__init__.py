@@ -190,6 +190,13 @@ class Decoder(ABC, Generic[_U]):
     """True when ``fetch_many`` asks for units side by side in one request: the stream
     then loads runs of small units as one job (else each unit is a job of its own)."""
 
+    def head_range(self, file: FileRef, limit: int) -> tuple[int, int] | None:
+        """The bytes at the start of ``file`` (at most ``limit``) that a read of all of
+        it asks for first, known before its plan: the stream reads them beside the plan,
+        and the first units' ranges in them are cut from them. None (the default): no
+        such range. Asked only where the stream reads whole files, every column."""
+        return None
+
     @abstractmethod
     async def plan(self, file: FileRef, source: ByteSource, request: ReadRequest) -> list[_U]:
         """The file's decode units, in order (reads the file's index if it has one)."""

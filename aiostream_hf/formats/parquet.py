@@ -674,6 +674,15 @@ class ParquetDecoder(Decoder[ParquetUnit]):
     extensions = (".parquet", ".parq")
     joins_units = True
 
+    def head_range(self, file: FileRef, limit: int) -> tuple[int, int] | None:
+        """The column chunks start after the 4-byte magic: from there up to ``limit``
+        bytes, ending before the tail read (which holds the footer). None for a limit
+        below the tail read's size: a request for so few bytes saves nothing."""
+        if file.size is None or limit < TAIL_READ_SIZE:
+            return None
+        end = min(len(_MAGIC) + limit, file.size - TAIL_READ_SIZE)
+        return (len(_MAGIC), end) if end > len(_MAGIC) else None
+
     async def plan(
         self, file: FileRef, source: ByteSource, request: ReadRequest
     ) -> list[ParquetUnit]:
