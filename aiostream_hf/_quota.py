@@ -30,6 +30,11 @@ Within a window the processes then spend exactly the quota and never more: at mo
 the file on, when another process holds the file's lock past ``LOCK_TIMEOUT_S`` (a
 process stopped, or hung, in the microseconds it holds it), with a warning: the
 wait is bounded, and a server's 429s are still waited out.
+
+No call waits for the lock (they run on the event loop): while another process holds
+it, ``take`` answers "poll" (look again in ``LOCK_POLL_S``), and what an answer
+taught (``learn``, ``unlimited``, ``probe_ended``) is applied the next time this
+process holds it, before anything else (at most one per request in flight).
 """
 
 from __future__ import annotations
@@ -41,9 +46,10 @@ import logging
 import os
 import struct
 import time
-from collections.abc import Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 try:
     import fcntl
@@ -52,6 +58,7 @@ except ImportError:  # pragma: no cover - not on POSIX: per-process counts
 
 __all__ = [
     "GO",
+    "LOCK_POLL_S",
     "LOCK_TIMEOUT_S",
     "PROBE",
     "PROBE_POLL_S",
@@ -68,8 +75,10 @@ PROBE_POLL_S = 0.02
 #: A probe not answered within this many seconds no longer holds the others back.
 PROBE_TIMEOUT_S = 10.0
 #: The longest a process waits for another's lock on a count file, seconds (a lock is
-#: held for microseconds; it blocks the event loop while it waits).
+#: held for microseconds): then it counts on its own.
 LOCK_TIMEOUT_S = 1.0
+#: How often a request whose count file another process holds locked looks again, seconds.
+LOCK_POLL_S = 0.001
 GO = "go"
 PROBE = "probe"
 _UNKNOWN = -1
@@ -120,15 +129,24 @@ class SharedQuota:
     """The rate-limit counts of one process's client (plain synchronous code).
 
     ``take`` before a request, ``learn`` (or ``unlimited``) at its answer, ``probe_ended``
-    when a probe went away without one. Keys are (folder, host, bucket, token).
+    when a probe went away without one. Keys are (folder, host, bucket, token). No call
+    waits for another process's lock (see the module's text).
     """
 
     def __init__(self) -> None:
         self._fds: dict[Path, int] = {}
         self._memory: dict[Path, bytes] = {}
         self._limited: set[Path] = set()  # keys this process saw a RateLimit header for
+        # Answers' updates not yet applied: their count file was locked by another process.
+        self._deferred: dict[Path, list[Callable[[_State], object]]] = {}
+        # (since, last): when a key's lock was first and last seen held by another
+        # process, in this stretch of looking (monotonic time).
+        self._busy: dict[Path, tuple[float, float]] = {}
 
     def close(self) -> None:
+        for key in list(self._deferred):
+            self._update(key, _nothing)  # a last try; else they are lost (counts only lower)
+        self._deferred.clear()
         fds, self._fds = self._fds, {}
         for fd in fds.values():
             with contextlib.suppress(OSError):
@@ -145,15 +163,29 @@ class SharedQuota:
     def known_limited(self, key: Path) -> bool:
         return key in self._limited
 
-    @contextlib.contextmanager
-    def _state(self, key: Path) -> Iterator[_State]:
+    def _update(self, key: Path, change: Callable[[_State], _T]) -> _T | _Busy:
+        """``change`` applied to the key's count under its lock, after the updates
+        deferred while it was locked; ``BUSY``: another process holds the lock (for
+        less than ``LOCK_TIMEOUT_S`` so far)."""
         fd = self._fd(key)
         if fd is None:
             state = _State(self._memory.get(key, b""))
-            yield state
+            for deferred in self._deferred.pop(key, ()):
+                deferred(state)
+            result = change(state)
             self._memory[key] = state.pack()
-            return
-        if not _lock(fd):
+            return result
+        assert fcntl is not None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            now = time.monotonic()
+            since, last = self._busy.get(key, (now, now))
+            if now - last > LOCK_TIMEOUT_S:
+                since = now  # not looked for a while: a new stretch
+            self._busy[key] = (since, now)
+            if now - since < LOCK_TIMEOUT_S:
+                return BUSY
             # Its holder is stopped or hung: count in this process from the file's last
             # state on (read without the lock, which may never come back).
             logger.warning(
@@ -164,20 +196,27 @@ class SharedQuota:
             )
             self._memory[key] = os.pread(fd, _STATE.size, 0)
             del self._fds[key]
+            del self._busy[key]
             os.close(fd)
-            with self._state(key) as state:
-                yield state
-            return
+            return self._update(key, change)
+        self._busy.pop(key, None)
         try:
             state = _State(os.pread(fd, _STATE.size, 0))
             before = state.pack()
-            yield state
+            for deferred in self._deferred.pop(key, ()):
+                deferred(state)
+            result = change(state)
             after = state.pack()
             if after != before:
                 os.pwrite(fd, after, 0)
+            return result
         finally:
-            assert fcntl is not None
             fcntl.flock(fd, fcntl.LOCK_UN)
+
+    def _apply(self, key: Path, change: Callable[[_State], object]) -> None:
+        """Apply an answer's update now, or once this process next holds the lock."""
+        if self._update(key, change) is BUSY:
+            self._deferred.setdefault(key, []).append(change)
 
     def _fd(self, key: Path) -> int | None:
         """The open count file of ``key``; None: it is counted in this process only."""
@@ -196,67 +235,81 @@ class SharedQuota:
     def take(self, key: Path, reserve: int, now: float) -> tuple[str, float]:
         """(GO, now): send it. (PROBE, now): send it; its answer opens the window's
         count. ("wait", t): the quota is spent until wall-clock time t. ("poll", t): another
-        request is probing: look again at t."""
-        with self._state(key) as s:
-            if s.remaining == _UNLIMITED:
-                return GO, now
-            if s.remaining >= 0 and now < s.window_end:
-                if s.remaining > reserve:
-                    s.remaining -= 1
-                    return GO, now
-                return "wait", s.window_end
-            if s.remaining >= 0:  # the window ended: its answers are stale from now on
-                s.valid_from = max(s.valid_from, s.window_end)
-                s.remaining = _UNKNOWN
-                s.blind = 0
-            if s.probe_until > now:
-                return "poll", min(s.probe_until, now + PROBE_POLL_S)
-            s.probe_until = now + PROBE_TIMEOUT_S
-            s.blind += 1
-            return PROBE, now
+        request is probing, or another process holds the count: look again at t."""
+        taken = self._update(key, functools.partial(_take, reserve=reserve, now=now))
+        if isinstance(taken, _Busy):
+            return "poll", now + LOCK_POLL_S
+        return taken
 
     def learn(self, key: Path, remaining: int, reset: float, sent_at: float, now: float) -> None:
         """An answer to a request sent at ``sent_at`` said ``r=remaining;t=reset``."""
         self._limited.add(key)
-        with self._state(key) as s:
-            if sent_at < s.valid_from:
-                return  # an answer from an earlier window
-            if s.remaining < 0 or now >= s.window_end:
-                # The window's first answer: the requests sent blind meanwhile (other
-                # than this one) may not be counted in it yet.
-                s.remaining = max(0, remaining - max(0, s.blind - 1))
-                s.window_end = now + reset
-                s.valid_from = sent_at
-                s.probe_until = 0.0
-                s.blind = 0
-            else:
-                s.remaining = min(s.remaining, remaining)
+        change = functools.partial(
+            _learn, remaining=remaining, reset=reset, sent_at=sent_at, now=now
+        )
+        self._apply(key, change)
 
     def unlimited(self, key: Path, sent_at: float) -> None:
         """An answer without ``RateLimit``: if nothing is known, the bucket is unlimited."""
-        with self._state(key) as s:
-            if s.remaining == _UNKNOWN and sent_at >= s.valid_from:
-                s.remaining = _UNLIMITED
-                s.probe_until = 0.0
+        self._apply(key, functools.partial(_unlimited, sent_at=sent_at))
 
     def probe_ended(self, key: Path) -> None:
         """A probe went away without an answer: the next request probes."""
-        with self._state(key) as s:
-            if s.remaining == _UNKNOWN:
-                s.probe_until = 0.0
+        self._apply(key, _probe_ended)
 
 
-def _lock(fd: int) -> bool:
-    """Take the exclusive lock of a count file; False after ``LOCK_TIMEOUT_S``."""
-    assert fcntl is not None
-    deadline = time.monotonic() + LOCK_TIMEOUT_S
-    pause = 0.0001
-    while True:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return True
-        except BlockingIOError:
-            if time.monotonic() >= deadline:
-                return False
-            time.sleep(pause)
-            pause = min(2 * pause, 0.005)
+class _Busy:
+    """Another process holds the count file's lock."""
+
+
+BUSY = _Busy()
+_T = TypeVar("_T")
+
+
+def _nothing(s: _State) -> None:
+    return None
+
+
+def _take(s: _State, *, reserve: int, now: float) -> tuple[str, float]:
+    if s.remaining == _UNLIMITED:
+        return GO, now
+    if s.remaining >= 0 and now < s.window_end:
+        if s.remaining > reserve:
+            s.remaining -= 1
+            return GO, now
+        return "wait", s.window_end
+    if s.remaining >= 0:  # the window ended: its answers are stale from now on
+        s.valid_from = max(s.valid_from, s.window_end)
+        s.remaining = _UNKNOWN
+        s.blind = 0
+    if s.probe_until > now:
+        return "poll", min(s.probe_until, now + PROBE_POLL_S)
+    s.probe_until = now + PROBE_TIMEOUT_S
+    s.blind += 1
+    return PROBE, now
+
+
+def _learn(s: _State, *, remaining: int, reset: float, sent_at: float, now: float) -> None:
+    if sent_at < s.valid_from:
+        return  # an answer from an earlier window
+    if s.remaining < 0 or now >= s.window_end:
+        # The window's first answer: the requests sent blind meanwhile (other than this
+        # one) may not be counted in it yet.
+        s.remaining = max(0, remaining - max(0, s.blind - 1))
+        s.window_end = now + reset
+        s.valid_from = sent_at
+        s.probe_until = 0.0
+        s.blind = 0
+    else:
+        s.remaining = min(s.remaining, remaining)
+
+
+def _unlimited(s: _State, *, sent_at: float) -> None:
+    if s.remaining == _UNKNOWN and sent_at >= s.valid_from:
+        s.remaining = _UNLIMITED
+        s.probe_until = 0.0
+
+
+def _probe_ended(s: _State) -> None:
+    if s.remaining == _UNKNOWN:
+        s.probe_until = 0.0

@@ -110,7 +110,13 @@ def test_a_count_file_locked_too_long_is_counted_in_this_process_from_its_last_s
     fcntl.flock(stuck.fileno(), fcntl.LOCK_EX)
     try:
         with caplog.at_level("WARNING", logger="aiostream_hf"):
-            kinds = [b.take(key, 0, 2.0)[0] for _ in range(3)]
+            polls = 0
+            while (taken := b.take(key, 0, 2.0))[0] == "poll":  # the lock is not waited for
+                assert taken[1] > 2.0
+                polls += 1
+                time.sleep(0.005)
+            kinds = [taken[0]] + [b.take(key, 0, 2.0)[0] for _ in range(2)]
+        assert polls >= 1
         assert kinds == [GO, GO, "wait"]  # the file's 2, then the window's end
         assert "locked by another process" in caplog.text
         assert str(key) in caplog.text
@@ -118,6 +124,49 @@ def test_a_count_file_locked_too_long_is_counted_in_this_process_from_its_last_s
     finally:
         stuck.close()
     a.close()
+    b.close()
+
+
+def test_a_locked_count_is_never_waited_for_and_answers_are_applied_once_it_is_free(
+    tmp_path: Path,
+) -> None:
+    """While another process holds the count file (for microseconds, normally), a
+    request looks again later ("poll") instead of blocking the event loop, and what an
+    answer taught meanwhile is applied at the next lock this process takes, first."""
+    import fcntl
+
+    a, b = SharedQuota(), SharedQuota()
+    key = _key(tmp_path)
+    assert a.take(key, 0, 0.0) == (PROBE, 0.0)
+    other = open(key, "rb")  # noqa: SIM115 - another process's descriptor
+    fcntl.flock(other.fileno(), fcntl.LOCK_EX)
+    try:
+        assert a.take(key, 0, 1.0)[0] == "poll"  # the default LOCK_TIMEOUT_S is 1 s
+        a.learn(key, remaining=2, reset=60, sent_at=0.0, now=0.1)  # not written yet
+        assert b.take(key, 0, 1.0)[0] == "poll"
+    finally:
+        fcntl.flock(other.fileno(), fcntl.LOCK_UN)
+        other.close()
+    # The answer reaches the file with a's next take, before that take's own decision.
+    assert a.take(key, 0, 1.0)[0] == GO
+    assert [b.take(key, 0, 1.0)[0] for _ in range(2)] == [GO, "wait"]
+    a.close()
+    b.close()
+
+
+def test_an_answer_deferred_at_close_is_written_if_the_count_is_free(tmp_path: Path) -> None:
+    import fcntl
+
+    a, b = SharedQuota(), SharedQuota()
+    key = _key(tmp_path)
+    assert a.take(key, 0, 0.0) == (PROBE, 0.0)
+    other = open(key, "rb")  # noqa: SIM115 - another process's descriptor
+    fcntl.flock(other.fileno(), fcntl.LOCK_EX)
+    a.learn(key, remaining=1, reset=60, sent_at=0.0, now=0.1)
+    fcntl.flock(other.fileno(), fcntl.LOCK_UN)
+    other.close()
+    a.close()
+    assert [b.take(key, 0, 1.0)[0] for _ in range(2)] == [GO, "wait"]
     b.close()
 
 
