@@ -16,7 +16,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import aiostream_hf as ash
-from aiostream_hf._models import FileRef
+from aiostream_hf._models import FileRef, Manifest
 from aiostream_hf._resolver import Resolver
 from aiostream_hf.formats import ByteSource, Decoder, ReadRequest, Unit
 from aiostream_hf.formats.parquet import ParquetDecoder
@@ -257,16 +257,28 @@ async def test_a_resolvers_quota_is_waited_out(root: Path, tmp_path: Path) -> No
 class _CountsAtFirstDecode(ParquetDecoder):
     """Parquet, noting the server's resolver requests when the first unit is decoded:
     nothing reaches the consumer before that unit, and the readahead's window grows only
-    as units reach it, so the count bounds what the stream asked before its first row."""
+    as units reach it, so the count bounds what the stream asked before its first row.
+    ``pause``: the first decode waits that long first (room for the stream to plan
+    ahead, if it would)."""
 
-    def __init__(self, hub: HubServer) -> None:
+    def __init__(self, hub: HubServer, pause: float = 0.0) -> None:
         self._hub = hub
+        self._pause = pause
         self.resolvers: int | None = None
 
     def decode(self, unit: Any, fetched: Any, request: Any) -> pa.Table:
         if self.resolvers is None:
+            time.sleep(self._pause)  # a worker thread's
             self.resolvers = self._hub.stats().by_bucket.get("resolvers", 0)
         return super().decode(unit, fetched, request)
+
+
+async def _resolved_many(hub: HubServer, opts: ash.StreamOptions) -> Manifest:
+    """org/many's manifest, resolved before the stream: the server's counts start after."""
+    async with Resolver(options=opts) as resolver:
+        manifest = await resolver.resolve("hf://datasets/org/many", endpoint=hub.endpoint)
+    hub.reset_stats()
+    return manifest
 
 
 def _many_files(root: Path, files: int, *, rows: int, row_group_size: int) -> list[Any]:
@@ -294,9 +306,7 @@ async def test_resolver_requests_ramp_up_from_one_file(root: Path, tmp_path: Pat
     expected = _many_files(root, 40, rows=10, row_group_size=10)
     with HubServer(root, faults=Faults(latency_ms=5)) as hub:
         opts = _options(tmp_path)
-        async with Resolver(options=opts) as resolver:
-            manifest = await resolver.resolve("hf://datasets/org/many", endpoint=hub.endpoint)
-        hub.reset_stats()
+        manifest = await _resolved_many(hub, opts)
         counting = _CountsAtFirstDecode(hub)
         s = ash.stream(manifest, format=counting, options=opts)
         async with s:
@@ -330,9 +340,7 @@ async def test_a_dataloader_workers_stream_ramps_once_it_delivered_one_file_per_
     expected = _many_files(root, 40, rows=10, row_group_size=10)
     with HubServer(root, faults=Faults(latency_ms=5)) as hub:
         opts = _options(tmp_path)
-        async with Resolver(options=opts) as resolver:
-            manifest = await resolver.resolve("hf://datasets/org/many", endpoint=hub.endpoint)
-        hub.reset_stats()
+        manifest = await _resolved_many(hub, opts)
         s = ash.stream(manifest, options=opts)
         windows, resolvers = [], []
         async with s:
@@ -661,24 +669,6 @@ async def test_a_corrupt_row_group_in_a_run_loaded_together_comes_after_the_rows
     assert served.by_bucket["cdn"] < bad  # the row groups before it came in runs
 
 
-class _CountsAfterSlowFirstDecode(ParquetDecoder):
-    """Parquet whose first decode takes a while, noting the server's resolver requests
-    when it ends: what the stream planned while its first unit was held (nothing has
-    reached the consumer, so the readahead's window has not grown)."""
-
-    def __init__(self, hub: HubServer) -> None:
-        self._hub = hub
-        self.resolvers: int | None = None
-
-    def decode(self, unit: Any, fetched: Any, request: Any) -> pa.Table:
-        first = self.resolvers is None
-        table = super().decode(unit, fetched, request)
-        if first:
-            time.sleep(0.3)  # room for the stream to plan ahead, if it would
-            self.resolvers = self._hub.stats().by_bucket.get("resolvers", 0)
-        return table
-
-
 async def test_a_rank_keeping_some_units_of_each_file_ramps_up_from_one_file(
     root: Path, tmp_path: Path
 ) -> None:
@@ -690,10 +680,8 @@ async def test_a_rank_keeping_some_units_of_each_file_ramps_up_from_one_file(
     expected = _many_files(root, 3, rows=40, row_group_size=10)
     with HubServer(root, faults=Faults(latency_ms=5)) as hub:
         opts = _options(tmp_path)
-        async with Resolver(options=opts) as resolver:
-            manifest = await resolver.resolve("hf://datasets/org/many", endpoint=hub.endpoint)
-        hub.reset_stats()
-        counting = _CountsAfterSlowFirstDecode(hub)
+        manifest = await _resolved_many(hub, opts)
+        counting = _CountsAtFirstDecode(hub, pause=0.3)
         s = ash.stream(manifest, format=counting, options=opts, rank=1, world_size=4)
         async with s:
             rows = [row async for row in s]
