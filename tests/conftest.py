@@ -6,7 +6,7 @@ import socket
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 
@@ -66,6 +66,12 @@ def _no_internet(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 # -- an S3-compatible store: moto's server over loopback, for every test that needs one ------
 
 
+#: What reading a bucket takes. AWS authorizes ListObjectsV2 by ``s3:ListBucket``; moto
+#: 5.2.6 checks ``s3:ListObjectsV2`` instead (5.2.5 and before: ``s3:ListBucket``). Both,
+#: so the tests mean the same under either.
+S3_READ_ACTIONS = ["s3:GetObject", "s3:ListBucket", "s3:ListObjectsV2"]
+
+
 @dataclass
 class S3Store:
     """moto's S3 server (``aiostream_hf.testing._moto.MotoS3``) with IAM users made for the
@@ -77,6 +83,7 @@ class S3Store:
     admin: dict[str, str]
     reader: dict[str, str]
     outsider: dict[str, str]
+    read_actions: ClassVar[list[str]] = S3_READ_ACTIONS
 
     @property
     def endpoint(self) -> str:
@@ -154,9 +161,7 @@ def s3_store() -> Iterator[S3Store]:
             aws_secret_access_key="bootstrap",
         )
         admin = _iam_user(iam, "admin", ["*"], ["*"])
-        reader = _iam_user(iam, "reader", ["*"], ["s3:GetObject", "s3:ListBucket"])
-        outsider = _iam_user(
-            iam, "outsider", ["arn:aws:s3:::elsewhere*"], ["s3:GetObject", "s3:ListBucket"]
-        )
+        reader = _iam_user(iam, "reader", ["*"], S3_READ_ACTIONS)
+        outsider = _iam_user(iam, "outsider", ["arn:aws:s3:::elsewhere*"], S3_READ_ACTIONS)
         server.require_signatures(True)
         yield S3Store(server, admin, reader, outsider)

@@ -75,7 +75,7 @@ def local(s3_store: Any, tmp_path_factory: pytest.TempPathFactory) -> Path:
             {
                 "Effect": "Allow",
                 "Principal": "*",
-                "Action": ["s3:GetObject", "s3:ListBucket"],
+                "Action": s3_store.read_actions,
                 "Resource": [f"arn:aws:s3:::{PUBLIC}", f"arn:aws:s3:::{PUBLIC}/*"],
             }
         ],
