@@ -9,9 +9,12 @@ cut from it instead of being fetched (``HeadFirst``). The head is at most a bloc
 quarter of the readahead budget, and only the first file of a stream reads one: the
 others are planned while earlier files are read, so their round trips are hidden.
 
-The read is a guess: a failed one is dropped (the units then fetch their own bytes,
-through the same retries, version checks and errors), and of a range that runs past the
-head's end only the part past it is fetched: no byte is fetched twice.
+The read is a guess: one the server failed (its retries spent) is dropped, and the
+units fetch their own bytes; an error of the file itself (changed since its first answer,
+gone, denied) ends the stream, in order before any row, as it would at any other read.
+The head and the tail are the file's first answers together: whichever comes first pins
+its version, and the other must show it. Of a range that runs past the head's end only
+the part past it is fetched: no byte is fetched twice.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from collections.abc import Sequence
 
 import anyio
 
+from ._exceptions import RetriesExhaustedError, UnreachableError
 from ._fetcher import RangeFetcher
 from ._models import FileRef
 
@@ -42,10 +46,13 @@ class HeadRead:
         self.done = anyio.Event()
 
     async def read(self, source: RangeFetcher) -> None:
-        """Read the head; a failure (not a cancellation) leaves ``data`` None."""
+        """Read the head. A server that failed it (retries spent, unreachable) leaves
+        ``data`` None; any other error is the file's (changed, gone, denied) and is raised,
+        as the file's other reads would."""
         try:
             (self.data,) = await source.read_buffers(self.file, [(self.start, self.end)])
-        except Exception as exc:  # a guess: the units read their own bytes instead
+        except (RetriesExhaustedError, UnreachableError) as exc:
+            # Not the file's fault: its units fetch their own bytes, with their own retries.
             logger.debug("the early head read of %s failed (%r): not used", self.file.url, exc)
         finally:
             self.done.set()

@@ -106,6 +106,22 @@ async def test_a_failed_head_read_is_dropped_and_its_ranges_fetched(
     assert got == [data[s:e] for s, e in ranges]
 
 
+async def test_a_head_read_of_a_changed_file_raises(blob: tuple[Path, bytes]) -> None:
+    """The file changed after its first answer (and the CDN ignores If-Match): the head
+    read raises FileChangedError, as any read of the file would; it is not dropped."""
+    root, data = blob
+    faults = Faults(replace_after=1, replace_path=BLOB, ignore_if_match=("cdn", "resolvers"))
+    with HubServer(root, faults=faults) as hub:
+        file = _ref(hub, data)
+        async with RangeFetcher(StreamOptions(**FAST)) as fetcher:
+            assert await fetcher.read(file, 60_000, 60_010) == data[60_000:60_010]  # pins it
+            head = HeadRead(file, 4, 50_000)
+            with pytest.raises(ash.FileChangedError, match="blob.parquet"):
+                await head.read(fetcher)
+    assert head.done.is_set()
+    assert head.data is None
+
+
 async def test_a_cancelled_head_read_is_not_swallowed(blob: tuple[Path, bytes]) -> None:
     root, data = blob
     with HubServer(root, faults=Faults(latency_ms=5_000)) as hub:
