@@ -372,8 +372,8 @@ class Stream(Engine["tuple[_Tag, Any]"]):
                     yield Job(head.end - head.start, read, group=0, more_in_group=True, grows=False)
                 async for pos, units in planned:
                     source: ByteSource = fetcher
-                    if head is not None and pos == 0:
-                        source = HeadFirst(fetcher, head)
+                    if head is not None:  # the first file's: its units' jobs hold it, no more
+                        source, head = HeadFirst(fetcher, head), None
                     self._files += 1
                     file_seq = seq
                     last = units[-1] if units else None
