@@ -137,6 +137,11 @@ class Ramp:
         self._delivered += 1
         if self._delivered >= self._share:
             self.window = min(self.bound, self.window + 1)
+        self.wake()
+
+    def wake(self) -> None:
+        """A result is held no more (delivered, growing the window or not): wake the
+        readaheads bounded by this ramp, one of which may run one more now."""
         for _, wake in self._bounded:
             wake()
 
@@ -378,4 +383,6 @@ class Prefetcher(Background, Generic[T]):
         if self._grow_ramp and slot.grows:
             assert self._ramp is not None
             self._ramp.grow()
+        elif self._ramp is not None:
+            self._ramp.wake()  # one result fewer held: another readahead may fit now
         return slot.value  # type: ignore[return-value]

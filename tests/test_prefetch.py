@@ -313,6 +313,33 @@ async def test_two_readaheads_sharing_a_ramp_take_the_next_job_only_when_one_may
         assert delivered == 40
 
 
+async def test_a_result_delivered_without_growing_the_ramp_still_wakes_the_other_readahead() -> (
+    None
+):
+    """A job whose result does not grow the ramp (a file's head read, ``grows=False``)
+    is held no more once delivered: the other readahead, waiting for room in the ramp,
+    runs its next job then, not at the next delivery that grows it."""
+    ramp = Ramp(2, start=2)
+
+    async def quiet() -> AsyncIterator[Job[int]]:
+        async def run() -> int:
+            return -1
+
+        yield Job(1, run, grows=False)
+
+    log: list[str] = []
+    other = Prefetcher(_jobs([1] * 4, log), max_count=4, max_bytes=100, ramp=ramp, grow_ramp=False)
+    async with Prefetcher(quiet(), max_count=4, max_bytes=100, ramp=ramp) as first:
+        await anyio.wait_all_tasks_blocked()  # the quiet job holds one of the ramp's 2
+        async with other:
+            await anyio.wait_all_tasks_blocked()
+            assert log == ["start 0"]  # the other's first: the ramp is full
+            assert await first.__anext__() == -1
+            assert ramp.window == 2  # not grown
+            await anyio.wait_all_tasks_blocked()
+            assert log == ["start 0", "start 1"]
+
+
 def test_a_ramp_refuses_a_bound_or_start_below_one_and_never_passes_its_bound() -> None:
     with pytest.raises(SourceError, match="bound=0"):
         Ramp(0)
