@@ -393,11 +393,14 @@ class Stream(Engine["tuple[_Tag, Any]"]):
                         kept.append((unit, skip))
                     last_kept = kept[-1][0] if kept else None
                     group: list[tuple[Unit, _Tag]] = []
+                    heaviest = weight = 0  # of the run in ``group``, as the readahead reserves
                     for unit, skip in kept:
                         # After a file's last unit, the cursor moves to the next file.
                         after = file_seq + len(units) if unit is last else None
                         tag = _Tag(pos, unit.index, file_seq, skip, next_file_seq=after)
                         group.append((unit, tag))
+                        reserved = sizes.reserve(unit)
+                        heaviest, weight = max(heaviest, reserved), weight + reserved
                         # Small units side by side load together: their bytes in one
                         # request, their decodes in one thread hand-off (_load); once a
                         # unit is measured, for an estimate can be far off (_UnitSizes).
@@ -405,11 +408,12 @@ class Stream(Engine["tuple[_Tag, Any]"]):
                             join_limit > 0
                             and decoders[unit.file.url].joins_units
                             and sizes.measured.is_set()
-                            and _joins(group, join_limit, sizes.reserve)
+                            and _joins(heaviest, weight, join_limit)
                         )
                         if unit is not last_kept and joins:
                             continue
                         job, group = self._unit_job(decoders, group, source, sizes, decoding), []
+                        heaviest = weight = 0
                         # Whether more of this file's units follow for this rank: none after
                         # its last kept one, though other ranks' may.
                         yield replace(job, group=pos, more_in_group=unit is not last_kept)
@@ -858,13 +862,14 @@ class _Failed:
     error: Exception
 
 
-def _joins(group: Sequence[tuple[Unit, _Tag]], limit: int, weigh: Callable[[Unit], int]) -> bool:
+def _joins(heaviest: int, weight: int, limit: int) -> bool:
     """True while a run of units may take one more: each weighs (fetched and decoded,
     as the readahead reserves it) under a quarter of ``limit`` (a row group of a few
-    hundred KB), and all of them with one more at most ``limit``."""
+    hundred KB), and all of them with one more at most ``limit``. ``heaviest`` and
+    ``weight``: the run's heaviest unit and its total, kept as it grows (a file of
+    thousands of tiny row groups is not weighed again at each one)."""
     small = limit // 4
-    weights = [weigh(unit) for unit, _ in group]
-    return max(weights) < small and sum(weights) < limit - small
+    return heaviest < small and weight < limit - small
 
 
 def _head_read(

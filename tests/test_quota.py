@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import anyio
 import httpx2
@@ -20,7 +21,7 @@ import pytest
 import aiostream_hf as ash
 from aiostream_hf._fetcher import RangeFetcher
 from aiostream_hf._models import FileRef
-from aiostream_hf._quota import GO, PROBE, Pacing, SharedQuota, bucket_of
+from aiostream_hf._quota import GO, LOCK_POLL_S, PROBE, Pacing, SharedQuota, bucket_of
 
 HUB = "http://hub.test"
 SHA = "a" * 40
@@ -101,6 +102,8 @@ def test_a_count_file_locked_too_long_is_counted_in_this_process_from_its_last_s
     import aiostream_hf._quota
 
     monkeypatch.setattr(aiostream_hf._quota, "LOCK_TIMEOUT_S", 0.05)
+    clock = [100.0]
+    monkeypatch.setattr(aiostream_hf._quota, "time", SimpleNamespace(monotonic=lambda: clock[0]))
     a, b = SharedQuota(), SharedQuota()
     key = _key(tmp_path)
     assert a.take(key, 0, 0.0) == (PROBE, 0.0)
@@ -110,13 +113,14 @@ def test_a_count_file_locked_too_long_is_counted_in_this_process_from_its_last_s
     fcntl.flock(stuck.fileno(), fcntl.LOCK_EX)
     try:
         with caplog.at_level("WARNING", logger="aiostream_hf"):
-            polls = 0
-            while (taken := b.take(key, 0, 2.0))[0] == "poll":  # the lock is not waited for
-                assert taken[1] > 2.0
-                polls += 1
-                time.sleep(0.005)
-            kinds = [taken[0]] + [b.take(key, 0, 2.0)[0] for _ in range(2)]
-        assert polls >= 1
+            # The lock is not waited for: "poll" (look again soon) until it has been
+            # held LOCK_TIMEOUT_S, on the module's monotonic clock.
+            assert b.take(key, 0, 2.0) == ("poll", 2.0 + LOCK_POLL_S)
+            clock[0] += 0.04
+            assert b.take(key, 0, 2.0)[0] == "poll"
+            assert "locked" not in caplog.text
+            clock[0] += 0.02
+            kinds = [b.take(key, 0, 2.0)[0] for _ in range(3)]
         assert kinds == [GO, GO, "wait"]  # the file's 2, then the window's end
         assert "locked by another process" in caplog.text
         assert str(key) in caplog.text
