@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections import deque
-from collections.abc import AsyncIterable, Awaitable, Callable, Hashable
+from collections.abc import AsyncIterable, Awaitable, Callable, Hashable, Iterable, Iterator
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Generic, TypeVar
@@ -89,18 +89,22 @@ class Ramp:
     delivered to the consumer, up to ``bound`` (slow start: it doubles each time a
     whole window is delivered, as TCP's congestion window does per round trip).
 
-    The readaheads bounded by a ramp hold, together, at most ``window`` results
-    (running or done; each may always hold one, so none waits on the others
-    forever). A stream's first sample so costs ``start`` units' requests, not
-    ``bound``'s, and a long read runs at ``bound`` after ``bound - start`` results.
-    Memory stays within the readaheads' own bounds: the window only lowers them.
+    The readaheads bounded by a ramp hold, together, at most ``window`` groups of
+    results (running or done): a group is a file's jobs, which cost one opening (a
+    resolver request) however many there are; a job without a group is one of its
+    own. One readahead may always hold one job, so none waits on the others forever.
+    A stream's first sample so costs ``start`` files' requests, not ``bound``'s, and a
+    long read runs at ``bound`` after ``bound - start`` results. Memory stays within
+    the readaheads' own bounds: the window only lowers them.
 
     A Parquet stream plans files through one readahead (a resolver request and a
     tail read each) and loads their row groups through another: both share one ramp,
-    so the files planned and the units loaded ahead of the consumer are at most the
-    window together. The readahead that delivers to the consumer calls ``grow()``,
-    which wakes every readahead bounded by the ramp. Plain synchronous state, on one
-    event loop.
+    so the files planned and the files loading ahead of the consumer are at most the
+    window together, a file planned and loading counting once. The plans' readahead
+    waits for the ramp even for its first job (``Prefetcher``'s ``ramp_first``): at a
+    window of one, the next file is planned once the last one's units are delivered.
+    The readahead that delivers to the consumer calls ``grow()``, which wakes every
+    readahead bounded by the ramp. Plain synchronous state, on one event loop.
 
     With ``share`` = N (a stream in one of a DataLoader's N worker processes), the
     window stays at ``start`` until N results are delivered, then grows as above. The
@@ -119,17 +123,26 @@ class Ramp:
         # once it has delivered ``share`` results.
         self._share = share
         self._delivered = 0
-        # (held, wake) of each readahead bounded by it: two at most, for a stream
-        self._bounded: list[tuple[Callable[[], int], Callable[[], None]]] = []
+        # (groups, wake) of each readahead bounded by it: two at most, for a stream
+        self._bounded: list[tuple[Callable[[], Iterable[Hashable]], Callable[[], None]]] = []
 
-    def bounded(self, held: Callable[[], int], wake: Callable[[], None]) -> None:
-        """A readahead is bounded by this ramp: ``held()`` counts its results, ``wake()``
-        is called when one more may run (a result delivered, the window grown)."""
-        self._bounded.append((held, wake))
+    def bounded(self, groups: Callable[[], Iterable[Hashable]], wake: Callable[[], None]) -> None:
+        """A readahead is bounded by this ramp: ``groups()`` gives the keys of the groups
+        it holds (a file's: its plan and its units count once, in either readahead),
+        ``wake()`` is called when one more may run (a result delivered, the window grown)."""
+        self._bounded.append((groups, wake))
 
-    def has_room(self) -> bool:
-        """True while the readaheads bounded by this ramp hold fewer than ``window``."""
-        return sum(held() for held, _ in self._bounded) < self.window
+    def _held(self) -> set[Hashable]:
+        held: set[Hashable] = set()
+        for groups, _ in self._bounded:
+            held.update(groups())
+        return held
+
+    def has_room(self, group: Hashable | None = None) -> bool:
+        """True while the readaheads bounded by this ramp hold fewer groups than
+        ``window``, or when they hold ``group`` already (taking more of it opens nothing)."""
+        held = self._held()
+        return len(held) < self.window or (group is not None and group in held)
 
     def grow(self) -> None:
         """One result reached the consumer (it is held no more): one more may run ahead,
@@ -205,9 +218,12 @@ async def aclose_source(source: object) -> None:
 class Prefetcher(Background, Generic[T]):
     """Runs jobs ahead of the consumer, in order, within a count and a byte budget.
 
-    ``ramp``: the results held by every readahead bounded by the ramp are at most its
+    ``ramp``: the groups held by every readahead bounded by the ramp are at most its
     window (see ``Ramp``); each result delivered grows it, unless ``grow_ramp=False``
     (a readahead feeding another one, which grows it as its results reach the consumer).
+    Each readahead may always hold one job, whatever the ramp, unless ``ramp_first``:
+    then even its first job waits for the ramp (a readahead of plans, whose every job
+    opens a file, beside the readahead of their units, which keeps that right).
     ``unit_bytes``: a job costing less counts as its share of one against ``max_count``
     (at least a quarter); None: every job counts as one.
     """
@@ -220,6 +236,7 @@ class Prefetcher(Background, Generic[T]):
         max_bytes: int,
         ramp: Ramp | None = None,
         grow_ramp: bool = True,
+        ramp_first: bool = False,
         unit_bytes: int | None = None,
     ) -> None:
         if max_count < 1 or max_bytes < 1 or (unit_bytes is not None and unit_bytes < 1):
@@ -233,6 +250,7 @@ class Prefetcher(Background, Generic[T]):
         self._max_bytes = max_bytes
         self._ramp = ramp
         self._grow_ramp = grow_ramp and ramp is not None
+        self._ramp_first = ramp_first
         self._slots: deque[_Slot[T]] = deque()
         self._held_bytes = 0
         self._space = anyio.Event()  # set when a slot is released
@@ -274,16 +292,18 @@ class Prefetcher(Background, Generic[T]):
     def _parts_held(self) -> int:
         return sum(self._parts(slot.cost) for slot in self._slots)
 
-    def _groups_held(self) -> int:
-        """What this readahead holds against its ramp: its groups (each job without one
-        is a group of its own)."""
-        return len({id(slot) if slot.group is None else slot.group for slot in self._slots})
+    def _groups_held(self) -> Iterator[Hashable]:
+        """What this readahead holds against its ramp: its groups' keys (each job without
+        one is a group of its own)."""
+        return (id(slot) if slot.group is None else slot.group for slot in self._slots)
 
     def _has_room(self) -> bool:
         """One more job may run by count and by the ramp: before the next job is taken,
         for taking it can itself cost requests (a Parquet unit's job takes its file's
         plan). When the job taken last says another of its group comes next, that one
-        opens nothing new: it is taken, and judged by ``_fits``."""
+        opens nothing new: it is taken, and judged by ``_fits``. A readahead holding
+        nothing takes its next job: with ``ramp_first`` it is judged by ``_fits``, once
+        its group is known (a plan of a file whose head is already loading runs)."""
         if not self._slots:
             return True
         ramp_full = self._ramp is not None and not self._ramp.has_room()
@@ -292,12 +312,13 @@ class Prefetcher(Background, Generic[T]):
         return self._parts_held() < self._max_count * _PARTS
 
     def _fits(self, job: Job[T]) -> bool:
+        # The ramp lets one more job of its group run; the first job held always may,
+        # unless ``ramp_first`` (the other readahead then keeps that right).
+        ramp_first = self._ramp_first or bool(self._slots)
+        if self._ramp is not None and ramp_first and not self._ramp.has_room(job.group):
+            return False
         if not self._slots:
             return True  # one job always may run, whatever the budgets
-        if self._ramp is not None and not self._ramp.has_room():
-            held = job.group is not None and any(s.group == job.group for s in self._slots)
-            if not held:
-                return False
         parts = self._parts_held() + self._parts(job.cost)
         return parts <= self._max_count * _PARTS and self._held_bytes + job.cost <= self._max_bytes
 

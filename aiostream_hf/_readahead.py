@@ -89,7 +89,7 @@ class LaneReadahead(Background, Generic[T]):
         self._max_held = self._max_held_bytes = 0
         self._ramp = ramp
         if ramp is not None:
-            ramp.bounded(self._lanes.__len__, self._notify)
+            ramp.bounded(partial(map, id, self._lanes), self._notify)
 
     def statistics(self) -> PrefetchStatistics:
         """Counts of items (chunks); ``started`` counts lanes."""

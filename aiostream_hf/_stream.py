@@ -359,7 +359,7 @@ class Stream(Engine["tuple[_Tag, Any]"]):
                 for pos in range(first_file, len(files)):
                     f = files[pos]
                     run = partial(self._plan, decoders[f.url], f, fetcher, pos)
-                    yield Job(_PLAN_COST, run)
+                    yield Job(_PLAN_COST, run, group=pos)
 
             async def unit_jobs(
                 planned: Prefetcher[tuple[int, list[Unit]]],
@@ -434,7 +434,8 @@ class Stream(Engine["tuple[_Tag, Any]"]):
             # One ramp bounds both readaheads: the files planned (a resolver request and
             # a tail read each) and the files whose units are loading are at most its
             # window together, which grows as units reach the consumer (slow start). The
-            # row groups of a file being read load freely (they cost no resolution).
+            # row groups of a file being read load freely (they cost no resolution); a
+            # plan waits for the ramp even when none is held, for each opens a file.
             ramp = self._ramp(opts.prefetch_count)
             plan_ahead = Prefetcher(
                 plan_jobs(),
@@ -442,6 +443,7 @@ class Stream(Engine["tuple[_Tag, Any]"]):
                 max_bytes=1 << 62,
                 ramp=ramp,
                 grow_ramp=False,
+                ramp_first=True,
             )
             async with plan_ahead:
                 # Row groups smaller than a block count as their share of a unit: a

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from dataclasses import replace
 
 import anyio
 import pytest
@@ -278,14 +279,21 @@ async def test_a_readahead_bounded_by_a_ramp_it_does_not_grow_is_woken_when_it_g
 
 
 async def test_two_readaheads_sharing_a_ramp_take_the_next_job_only_when_one_may_run() -> None:
-    """A Parquet stream's shape: one readahead plans files, a second loads their units and
-    grows the ramp; together they hold at most its window. Before the first unit is
-    delivered, two plans have started (the file being loaded and the next: a readahead
-    holding nothing may always run one), not a whole window of them."""
+    """A Parquet stream's shape: one readahead plans files (``ramp_first``: each plan
+    opens a file), a second loads their units and grows the ramp; together they hold at
+    most its window of files, a file planned and loading counting once. Before the first
+    unit is delivered, one plan has started (the file being loaded), not the next too."""
     plans: list[str] = []
     ramp = Ramp(8)
+
+    async def plan_jobs() -> AsyncIterator[Job[int]]:
+        i = 0
+        async for job in _jobs([1] * 40, plans):
+            yield replace(job, group=i)  # the file it plans
+            i += 1
+
     planned = Prefetcher(
-        _jobs([1] * 40, plans), max_count=8, max_bytes=100, ramp=ramp, grow_ramp=False
+        plan_jobs(), max_count=8, max_bytes=100, ramp=ramp, grow_ramp=False, ramp_first=True
     )
 
     async def unit_jobs() -> AsyncIterator[Job[int]]:
@@ -294,11 +302,11 @@ async def test_two_readaheads_sharing_a_ramp_take_the_next_job_only_when_one_may
             async def load(plan: int = plan) -> int:
                 return plan
 
-            yield Job(1, load)
+            yield Job(1, load, group=plan)
 
     async with planned, Prefetcher(unit_jobs(), max_count=8, max_bytes=100, ramp=ramp) as loaded:
         await anyio.wait_all_tasks_blocked()
-        assert plans == ["start 0", "start 1"]
+        assert plans == ["start 0"]
         delivered = 0
         async for value in loaded:
             assert value == delivered
@@ -311,6 +319,63 @@ async def test_two_readaheads_sharing_a_ramp_take_the_next_job_only_when_one_may
                 window, 40 - delivered
             )
         assert delivered == 40
+
+
+async def test_a_readahead_without_ramp_first_may_always_run_one_job() -> None:
+    """Without ``ramp_first``, a readahead holding nothing runs its next job even with
+    the ramp full (so two readaheads never wait on each other forever); with it, the
+    job waits until a delivery makes room."""
+    ramp = Ramp(4)
+    held = Prefetcher(_jobs([1], []), max_count=4, max_bytes=100, ramp=ramp)
+    free_log: list[str] = []
+    strict_log: list[str] = []
+    free = Prefetcher(_jobs([1], free_log), max_count=4, max_bytes=100, ramp=ramp, grow_ramp=False)
+    strict = Prefetcher(
+        _jobs([1], strict_log),
+        max_count=4,
+        max_bytes=100,
+        ramp=ramp,
+        grow_ramp=False,
+        ramp_first=True,
+    )
+    async with held:
+        await anyio.wait_all_tasks_blocked()  # one job held: the ramp (window 1) is full
+        async with free, strict:
+            await anyio.wait_all_tasks_blocked()
+            assert free_log == ["start 0"]
+            assert strict_log == []
+            assert await held.__anext__() == 0  # grows the window to 2, frees a group
+            await anyio.wait_all_tasks_blocked()
+            assert strict_log == ["start 0"]
+
+
+async def test_a_group_held_by_one_readahead_admits_its_jobs_in_the_other() -> None:
+    """A file planned in one readahead and loading in the other counts once against the
+    ramp: with the window full of group 7, another readahead's job of group 7 runs."""
+    ramp = Ramp(4)
+    log: list[str] = []
+
+    async def of_group(group: int) -> AsyncIterator[Job[int]]:
+        async def run() -> int:
+            log.append(f"start {group}")
+            return group
+
+        yield Job(1, run, group=group)
+
+    held = Prefetcher(of_group(7), max_count=4, max_bytes=100, ramp=ramp)
+    same = Prefetcher(
+        of_group(7), max_count=4, max_bytes=100, ramp=ramp, grow_ramp=False, ramp_first=True
+    )
+    other = Prefetcher(
+        of_group(8), max_count=4, max_bytes=100, ramp=ramp, grow_ramp=False, ramp_first=True
+    )
+    async with held:
+        await anyio.wait_all_tasks_blocked()
+        async with same, other:
+            await anyio.wait_all_tasks_blocked()
+            assert log == ["start 7", "start 7"]  # group 7's, twice; group 8's waits
+            assert same.statistics().started == 1
+            assert other.statistics().started == 0
 
 
 async def test_a_result_delivered_without_growing_the_ramp_still_wakes_the_other_readahead() -> (

@@ -254,25 +254,33 @@ async def test_a_resolvers_quota_is_waited_out(root: Path, tmp_path: Path) -> No
     assert stats.by_bucket["resolvers"] == 6
 
 
-class _CountsAtFirstDecode(ParquetDecoder):
-    """Parquet, noting the server's resolver requests when the first unit is decoded:
-    nothing reaches the consumer before that unit, and the readahead's window grows only
-    as units reach it, so the count bounds what the stream asked before its first row.
-    ``pause``: the first decode waits that long first (room for the stream to plan
-    ahead, if it would)."""
+class _CountsAtDecode(ParquetDecoder):
+    """Parquet, noting the server's resolver requests as each of the first ``decodes``
+    units is decoded (``counts``; ``resolvers``, the first): nothing reaches the consumer
+    before a unit is decoded, and the readahead's window grows only as units reach it,
+    so a count bounds what the stream asked before that unit's rows. ``pause``: each of
+    those decodes waits that long first (room for the stream to plan ahead, if it would)."""
 
-    def __init__(self, hub: HubServer, pause: float = 0.0) -> None:
+    def __init__(self, hub: HubServer, pause: float = 0.0, decodes: int = 1) -> None:
         self._hub = hub
         self._pause = pause
-        self.resolvers: int | None = None
+        self._decodes = decodes
+        self._lock = threading.Lock()
+        self.counts: list[int] = []
+
+    @property
+    def resolvers(self) -> int | None:
+        return self.counts[0] if self.counts else None
 
     def decode(self, unit: Any, fetched: Any, request: Any) -> pa.Table:
-        if self.resolvers is None:
-            if self._pause:
-                # On a worker thread. The wait only gives a stream that would plan too far
-                # ahead the time to do it; a right one plans no more however long it is.
-                time.sleep(self._pause)
-            self.resolvers = self._hub.stats().by_bucket.get("resolvers", 0)
+        with self._lock:  # decodes run on worker threads, maybe two at once
+            noted = len(self.counts) < self._decodes
+            if noted:
+                if self._pause:
+                    # The wait only gives a stream that would plan too far ahead the time
+                    # to do it; a right one plans no more however long it is.
+                    time.sleep(self._pause)
+                self.counts.append(self._hub.stats().by_bucket.get("resolvers", 0))
         return super().decode(unit, fetched, request)
 
 
@@ -303,14 +311,14 @@ def _many_files(root: Path, files: int, *, rows: int, row_group_size: int) -> li
 
 
 async def test_resolver_requests_ramp_up_from_one_file(root: Path, tmp_path: Path) -> None:
-    """A stream over many small files plans the file it reads and the next one before
-    its first row (two resolver requests), not a whole readahead of files; then the
+    """A stream over many small files plans only the file it reads before its first row
+    (one resolver request), not a whole readahead of files, nor the next one; then the
     window grows to prefetch_count and the epoch delivers every row once."""
     expected = _many_files(root, 40, rows=10, row_group_size=10)
     with HubServer(root, faults=Faults(latency_ms=5)) as hub:
         opts = _options(tmp_path)
         manifest = await _resolved_many(hub, opts)
-        counting = _CountsAtFirstDecode(hub)
+        counting = _CountsAtDecode(hub, pause=0.3)
         s = ash.stream(manifest, format=counting, options=opts)
         async with s:
             rows = []
@@ -320,7 +328,7 @@ async def test_resolver_requests_ramp_up_from_one_file(root: Path, tmp_path: Pat
                 rows.append(row)
         stats = hub.stats()
     assert counting.resolvers is not None
-    assert 1 <= counting.resolvers <= 2
+    assert counting.resolvers == 1
     assert first.prefetch_window <= 3  # one unit delivered, or two (the channel holds one)
     assert [r["id"] for r in rows] == [r["id"] for r in expected]
     assert rows == expected
@@ -334,9 +342,10 @@ async def test_resolver_requests_ramp_up_from_one_file(root: Path, tmp_path: Pat
 async def test_a_dataloader_workers_stream_ramps_once_it_delivered_one_file_per_worker(
     root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """In one of 6 DataLoader workers, a stream stays one file ahead until it has
+    """In one of 6 DataLoader workers, a stream holds one file at a time until it has
     delivered 6 (the workers together hold 6 ahead): its first rows cost one resolver
-    request per file read, then it ramps to prefetch_count and reads every row once."""
+    request per file read, none planned ahead, then it ramps to prefetch_count and
+    reads every row once."""
     import aiostream_hf._engine
 
     monkeypatch.setattr(aiostream_hf._engine, "loader_workers", lambda: 6)
@@ -344,19 +353,19 @@ async def test_a_dataloader_workers_stream_ramps_once_it_delivered_one_file_per_
     with HubServer(root, faults=Faults(latency_ms=5)) as hub:
         opts = _options(tmp_path)
         manifest = await _resolved_many(hub, opts)
-        s = ash.stream(manifest, options=opts)
-        windows, resolvers = [], []
+        counting = _CountsAtDecode(hub, pause=0.1, decodes=4)
+        s = ash.stream(manifest, format=counting, options=opts)
+        windows = []
         async with s:
             rows = []
             async for row in s:
                 rows.append(row)
                 windows.append(s.statistics().prefetch_window)
-                resolvers.append(hub.stats().by_bucket.get("resolvers", 0))
         stats = hub.stats()
     # At a row of file k (from 1), k or k+1 files were delivered (the channel holds one).
     assert set(windows[: 4 * 10]) == {1}
-    for k in range(1, 5):
-        assert resolvers[k * 10 - 1] <= k + 2  # files read, and one planned
+    # As file k is decoded, the files 1..k are planned: the next only once it is delivered.
+    assert counting.counts == [1, 2, 3, 4]
     assert windows[-1] == opts.prefetch_count == 8
     assert rows == expected
     assert stats.by_bucket["resolvers"] == 40
@@ -679,18 +688,18 @@ async def test_a_rank_keeping_some_units_of_each_file_ramps_up_from_one_file(
     world_size-th unit: rank 1 of 4 keeps the second row group of each file, never its
     last. That unit still ends the file for this rank, so the readahead does not take
     the next file's unit (and with it the next file's plan) early: before the first row
-    the stream has planned the file it reads and the next one, as with whole files."""
+    the stream has planned the file it reads only, as with whole files."""
     expected = _many_files(root, 3, rows=40, row_group_size=10)
     with HubServer(root, faults=Faults(latency_ms=5)) as hub:
         opts = _options(tmp_path)
         manifest = await _resolved_many(hub, opts)
-        counting = _CountsAtFirstDecode(hub, pause=0.3)
+        counting = _CountsAtDecode(hub, pause=0.3)
         s = ash.stream(manifest, format=counting, options=opts, rank=1, world_size=4)
         async with s:
             rows = [row async for row in s]
         stats = hub.stats()
     assert counting.resolvers is not None
-    assert counting.resolvers == 2  # the file it reads and the next, planned ahead
+    assert counting.resolvers == 1  # the file it reads; the next once a unit is delivered
     # The second row group (rows 10-19) of each file, in file order, each once.
     mine = [r for i, r in enumerate(expected) if (i % 40) // 10 == 1]
     assert rows == mine
