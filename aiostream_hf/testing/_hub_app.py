@@ -45,7 +45,12 @@ Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 
+#: Bytes read from disk and sent per step: a paced body (a bandwidth cap) in small
+#: steps, so that no burst outruns its cap; any other in large ones, so that the
+#: server, on the client's cores in a benchmark, spends little CPU per byte (a 1 MiB
+#: step costs it ~40% less than 64 KiB does on the same reads).
 _CHUNK = 64 * 1024
+_CHUNK_UNPACED = 1024 * 1024
 _LFS_POINTER_SIZE = 134
 
 
@@ -160,7 +165,7 @@ class _Content:
     size: int
     kind: Literal["disk", "replaced", "padded"] = "disk"
 
-    def chunks(self, start: int, length: int) -> Iterator[bytes]:
+    def chunks(self, start: int, length: int, step: int = _CHUNK) -> Iterator[bytes]:
         end = min(start + length, self.size)
         pos = start
         disk_end = min(end, self.file.size)
@@ -168,14 +173,14 @@ class _Content:
             with self.file.disk_path.open("rb") as fh:
                 fh.seek(pos)
                 while pos < disk_end:
-                    chunk = fh.read(min(_CHUNK, disk_end - pos))
+                    chunk = fh.read(min(step, disk_end - pos))
                     if not chunk:
                         raise DeliberateCut("file shrank on disk while it was served")
                     pos += len(chunk)
                     yield chunk.translate(INVERT) if self.kind == "replaced" else chunk
         fill = REPLACEMENT_FILL if self.kind == "replaced" else b"\n"
         while pos < end:
-            n = min(_CHUNK, end - pos)
+            n = min(step, end - pos)
             yield fill * n
             pos += n
 
@@ -420,7 +425,8 @@ class HubApp:
             self._count_fault("trickle")
         started = time.monotonic()
         sent = 0
-        for chunk in _chunks(response, limit):
+        paced = faults.bandwidth_per_connection or faults.bandwidth_total
+        for chunk in _chunks(response, limit, _CHUNK if paced else _CHUNK_UNPACED):
             for part in _split(chunk, piece):
                 await send({"type": "http.response.body", "body": part, "more_body": True})
                 sent += len(part)
@@ -970,12 +976,12 @@ async def _client_gone(receive: Receive, seconds: float) -> bool:
     return False
 
 
-def _chunks(response: _Response, limit: int) -> Iterator[bytes]:
+def _chunks(response: _Response, limit: int, step: int) -> Iterator[bytes]:
     if response.content is None:
         if limit > 0:
             yield response.body[:limit]
         return
-    yield from response.content.chunks(response.start, limit)
+    yield from response.content.chunks(response.start, limit, step)
 
 
 def _split_revision(parts: Sequence[str]) -> tuple[str, list[str]]:
