@@ -746,7 +746,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="small data, 1 round: a smoke test")
     p.add_argument("--latency-ms", type=float, default=20.0)
-    p.add_argument("--rounds", type=int, default=None, help="measured rounds (default 5; 1 quick)")
+    p.add_argument("--rounds", type=int, default=None, help="measured rounds (default 7; 1 quick)")
     p.add_argument("--warmup", type=int, default=1, help="warm-up rounds, not reported")
     p.add_argument("--workloads", default="text,image", help="comma-separated: text,image")
     p.add_argument("--contenders", default=None, help="comma-separated subset (default: all)")
@@ -776,7 +776,7 @@ def main(argv: list[str] | None = None) -> int:
 
     profile_name = "quick" if args.quick else "full"
     profile = PROFILES[profile_name]
-    n_rounds = args.rounds if args.rounds is not None else (1 if args.quick else 5)
+    n_rounds = args.rounds if args.rounds is not None else (1 if args.quick else 7)
     workloads = [w.strip() for w in args.workloads.split(",") if w.strip()]
     only = set(args.contenders.split(",")) if args.contenders else None
     out_path = args.out or HERE / "results" / (
@@ -902,6 +902,8 @@ def main(argv: list[str] | None = None) -> int:
                 "bytes": stamp["bytes"],
                 "params": stamp["params"],
                 "contenders": contenders,
+                # The local-disk limits (report.py draws them as limits, not as peers).
+                "limits": [c for c in contenders if c in LOCAL_CONTENDERS],
                 "summary": summary,
                 "same_rows_checked": len(touched) == 1,
                 "rounds": rounds,

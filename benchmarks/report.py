@@ -19,7 +19,7 @@ import re
 import statistics
 import sys
 import textwrap
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -139,10 +139,12 @@ def ratio_target(r: Mapping[str, Any]) -> tuple[str | None, float]:
     return ("<=" if "limit" in str(r.get("denominator", "")) else ">="), value
 
 
-def _role(contender: str) -> str:
+def _role(contender: str, limits: Iterable[str] = ()) -> str:
+    """A contender's role: a limit when its workload lists it in ``limits`` (what a
+    benchmark records), else by its name."""
     if contender.startswith("aiostream"):
         return "project"
-    if "local" in contender or "limit" in contender:
+    if contender in limits or "local" in contender or "limit" in contender:
         return "limit"
     return "peer"
 
@@ -187,7 +189,8 @@ def _metric_panel(name: str, data: Mapping[str, Any], workload: str, w: Mapping[
     unit, higher = METRICS[metric]
     if metric == "seconds" and "frames_per_round" in data.get("parameters", {}):
         unit = f"seconds for {data['parameters']['frames_per_round']} random frames"
-    bars = [Bar(c, _role(c), *_stat(s, metric)) for c, s in summary.items()]
+    limits = w.get("limits", ())
+    bars = [Bar(c, _role(c, limits), *_stat(s, metric)) for c, s in summary.items()]
     bars.sort(key=lambda b: ROLES.index(b.role))
     title = f"{_workload_title(name, data, workload)}: {unit}"
     return Panel(workload, metric, title, unit, higher, tuple(bars))

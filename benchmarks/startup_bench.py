@@ -289,7 +289,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--quick", action="store_true", help="100 files, 4 workers, 1 round")
-    parser.add_argument("--rounds", type=int, default=None, help="measured rounds (default 3)")
+    parser.add_argument("--rounds", type=int, default=None, help="measured rounds (default 5)")
     parser.add_argument("--no-epoch", action="store_true", help="skip the whole-epoch mode")
     parser.add_argument("--latency-ms", type=float, default=20.0)
     parser.add_argument("--data-dir", type=Path, default=HERE / ".data")
@@ -308,7 +308,7 @@ def main(argv: list[str] | None = None) -> int:
 
     profile = "quick" if args.quick else "full"
     params = PROFILES[profile]
-    rounds = args.rounds if args.rounds is not None else (1 if args.quick else 3)
+    rounds = args.rounds if args.rounds is not None else (1 if args.quick else 5)
     modes = ["first"] if args.no_epoch else ["first", "epoch"]
     started = time.perf_counter()
     environment = _environment()

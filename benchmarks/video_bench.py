@@ -789,7 +789,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="small data, 1 round: a smoke test")
     p.add_argument("--latency-ms", type=float, default=20.0)
-    p.add_argument("--rounds", type=int, default=None, help="frames rounds (default 7; 1 quick)")
+    p.add_argument("--rounds", type=int, default=None, help="frames rounds (default 11; 1 quick)")
     p.add_argument(
         "--lerobot-rounds", type=int, default=None, help="lerobot rounds (default 3; 1 quick)"
     )
@@ -825,7 +825,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     profile_name = "quick" if args.quick else "full"
     profile = PROFILES[profile_name]
-    frame_rounds = args.rounds if args.rounds is not None else (1 if args.quick else 7)
+    frame_rounds = args.rounds if args.rounds is not None else (1 if args.quick else 11)
     lerobot_rounds = (
         args.lerobot_rounds if args.lerobot_rounds is not None else (1 if args.quick else 3)
     )

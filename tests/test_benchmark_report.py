@@ -152,7 +152,7 @@ def test_chart_data_matches_json(path: Path) -> None:
                 "project"
                 if b.contender.startswith("aiostream")
                 else "limit"
-                if b.contender.endswith("-local")
+                if b.contender.endswith("-local") or b.contender in w.get("limits", ())
                 else "peer"
             )
 
@@ -194,6 +194,13 @@ def test_chart_data_matches_json(path: Path) -> None:
             else point.median <= point.target
         )
         assert ok == point.met
+
+
+def test_a_limit_the_benchmark_records_is_drawn_as_one_whatever_its_name() -> None:
+    assert report._role("pyarrow-read-table", ["pyarrow-read-table"]) == "limit"
+    assert report._role("pyarrow-read-table") == "peer"
+    assert report._role("pyarrow-local") == "limit"
+    assert report._role("aiostream-arrow", ["aiostream-arrow"]) == "project"
 
 
 def test_ratio_target_directions() -> None:
