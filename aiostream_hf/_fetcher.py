@@ -318,6 +318,13 @@ class RangeFetcher:
         data = await self._read_spans(file, ranges, part_size=None, in_place=True)
         return [memoryview(b) for b in data]
 
+    async def read_pieces(
+        self, file: FileRef, ranges: Sequence[tuple[int, int]]
+    ) -> list[list[tuple[int, memoryview]]]:
+        """``read_buffers``, each range as its one piece ``(start, view)`` (``ByteSource``)."""
+        views = await self.read_buffers(file, ranges)
+        return [[(start, view)] for (start, _), view in zip(ranges, views, strict=True)]
+
     async def _read_spans(
         self,
         file: FileRef,

@@ -46,11 +46,11 @@ from ._engine import (
 )
 from ._exceptions import DecodeError, SourceError
 from ._fetcher import RangeFetcher
-from ._head import HeadFirst, HeadRead
 from ._models import FileRef, Manifest
 from ._options import StreamOptions
 from ._prefetch import Job, Prefetcher
 from ._readahead import Emit, Lane, LaneReadahead
+from ._received import Received
 from ._sources import parse_sources
 from .formats import (
     ByteSource,
@@ -358,22 +358,20 @@ class Stream(Engine["tuple[_Tag, Any]"]):
             async def plan_jobs() -> AsyncIterator[Job[tuple[int, list[Unit]]]]:
                 for pos in range(first_file, len(files)):
                     f = files[pos]
-                    run = partial(self._plan, decoders[f.url], f, fetcher, pos)
+                    run = partial(self._plan, decoders[f.url], f, received, pos)
                     yield Job(_PLAN_COST, run, group=pos)
 
             async def unit_jobs(
                 planned: Prefetcher[tuple[int, list[Unit]]],
             ) -> AsyncIterator[Job[list[tuple[_Tag, Any]]]]:
                 seq = cursor["file_seq"] if cursor else 0
-                head = _head_read(files, decoders, join_limit) if cursor is None else None
+                head = _head_range(files, decoders, join_limit) if cursor is None else None
                 if head is not None:
                     # Read beside the first file's plan; its units cut their bytes from it.
-                    read = partial(_read_head, head, fetcher)
-                    yield Job(head.end - head.start, read, group=0, more_in_group=True, grows=False)
+                    file, start, end = head
+                    read = partial(_read_head, received, file, start, end)
+                    yield Job(end - start, read, group=0, more_in_group=True, grows=False)
                 async for pos, units in planned:
-                    source: ByteSource = fetcher
-                    if head is not None:  # the first file's: its units' jobs hold it, no more
-                        source, head = HeadFirst(fetcher, head), None
                     self._files += 1
                     file_seq = seq
                     last = units[-1] if units else None
@@ -392,6 +390,8 @@ class Stream(Engine["tuple[_Tag, Any]"]):
                                 skip = cursor["row"]
                         kept.append((unit, skip))
                     last_kept = kept[-1][0] if kept else None
+                    if last_kept is None:  # none of its units is this rank's
+                        received.forget(files[pos])
                     group: list[tuple[Unit, _Tag]] = []
                     heaviest = weight = 0  # of the run in ``group``, as the readahead reserves
                     for unit, skip in kept:
@@ -412,7 +412,10 @@ class Stream(Engine["tuple[_Tag, Any]"]):
                         )
                         if unit is not last_kept and joins:
                             continue
-                        job, group = self._unit_job(decoders, group, source, sizes, decoding), []
+                        job = self._unit_job(
+                            decoders, group, received, sizes, decoding, last=unit is last_kept
+                        )
+                        group = []
                         heaviest = weight = 0
                         # Whether more of this file's units follow for this rank: none after
                         # its last kept one, though other ranks' may.
@@ -423,6 +426,9 @@ class Stream(Engine["tuple[_Tag, Any]"]):
                     # The last kept unit always ends its run: none is left behind.
                     assert not group, "a run of units did not end with its file"
 
+            # The bytes read with a file's footer, and the first file's head: kept until
+            # the file's last unit is fetched, they serve its units' reads of them.
+            received = Received(fetcher)
             sizes = _UnitSizes()
             # Units loaded together hold a block at most, and a quarter of the budget; only
             # units side by side in their file join (whole files for this rank, every
@@ -543,27 +549,36 @@ class Stream(Engine["tuple[_Tag, Any]"]):
         self,
         decoders: Mapping[str, Decoder[Any]],
         group: list[tuple[Unit, _Tag]],
-        source: ByteSource,
+        source: Received,
         sizes: _UnitSizes,
         decoding: anyio.CapacityLimiter,
+        *,
+        last: bool,
     ) -> Job[list[tuple[_Tag, Any]]]:
-        """The job that loads a run of units of one file (usually one unit)."""
+        """The job that loads a run of units of one file (usually one unit); ``last``:
+        the run ends the file's units for this rank (its kept bytes are let go then)."""
         decoder = decoders[group[0][0].file.url]
-        run = partial(self._load, decoder, group, source, sizes, decoding)
+        run = partial(self._load, decoder, group, source, sizes, decoding, last=last)
         return Job(sum(sizes.reserve(unit) for unit, _ in group), run, held=_held_bytes)
 
     async def _load(
         self,
         decoder: Decoder[Any],
         group: list[tuple[Unit, _Tag]],
-        source: ByteSource,
+        source: Received,
         sizes: _UnitSizes,
         decoding: anyio.CapacityLimiter,
+        *,
+        last: bool,
     ) -> list[tuple[_Tag, Any]]:
         """Fetch and decode units of one file: (tag, table) of each, in order."""
         units = [unit for unit, _ in group]
         try:
-            fetched = await decoder.fetch_many(units, source)
+            try:
+                fetched = await decoder.fetch_many(units, source)
+            finally:
+                if last:  # the units before it have asked for their bytes (started first)
+                    source.forget(units[0].file)
             loaded = await anyio.to_thread.run_sync(
                 self._decode_all, decoder, group, fetched, limiter=decoding
             )
@@ -874,21 +889,23 @@ def _joins(heaviest: int, weight: int, limit: int) -> bool:
     return heaviest < small and weight < limit - small
 
 
-def _head_read(
+def _head_range(
     files: Sequence[FileRef], decoders: Mapping[str, Decoder[Any]], limit: int
-) -> HeadRead | None:
-    """The first file's head, read beside its plan (``_head``): where whole files are
-    read (``limit`` > 0: every column, every row group of this rank's files)."""
+) -> tuple[FileRef, int, int] | None:
+    """The first file's head (file, start, end), read beside its plan: where whole files
+    are read (``limit`` > 0: every column, every row group of this rank's files)."""
     if limit <= 0 or not files:
         return None
     file = files[0]
     at = decoders[file.url].head_range(file, limit)
-    return None if at is None else HeadRead(file, *at)
+    return None if at is None else (file, *at)
 
 
-async def _read_head(head: HeadRead, source: RangeFetcher) -> list[tuple[_Tag, Any]]:
-    """The head read as a readahead job: it delivers no rows."""
-    await head.read(source)
+async def _read_head(
+    received: Received, file: FileRef, start: int, end: int
+) -> list[tuple[_Tag, Any]]:
+    """The head read as a readahead job, kept for the file's units: it delivers no rows."""
+    await received.keep(file, start, end)
     return []
 
 

@@ -118,11 +118,13 @@ from ._exceptions import (
 from ._models import FileRef
 from ._options import StreamOptions
 from ._prefetch import Job
+from ._received import Received
 from ._resolver import Resolver
 from ._sources import HubSource, S3Source, has_glob, parse_sources
 from .formats import ByteSource
 from .formats.parquet import (
     decode_row_group,
+    piece_buffers,
     plan_row_groups,
     read_footer,
 )
@@ -963,17 +965,14 @@ async def _read_parquet(
     filter: pc.Expression | None = None,
 ) -> pa.Table:
     """A Parquet file's selected columns (``keep(names)`` picks them), read with one tail
-    read plus one request for the row groups the tail does not hold."""
-    footer, tail, size = await read_footer(source, file, file.path)
+    read plus one request for the bytes of their row groups the tail does not hold."""
+    received = Received(source)
+    footer, _, _ = await read_footer(received, file, file.path)
     if keep is not None:
         columns = keep(footer.schema.names)
     plans = plan_row_groups(footer, columns, filter=filter)
-    tail_start = size - len(tail)
-    buffers: dict[tuple[int, int], bytes] = {(tail_start, size): tail}
-    missing = sorted({r for p in plans for r in p.ranges if r[0] < tail_start})
-    if missing:
-        for r, data in zip(missing, await source.read_ranges(file, missing), strict=True):
-            buffers[r] = data
+    ranges = sorted({r for p in plans for r in p.ranges})
+    buffers = piece_buffers(ranges, await received.read_pieces(file, ranges))
 
     def decode() -> pa.Table:
         tables = [decode_row_group(footer, p, buffers, filter=filter) for p in plans]

@@ -69,6 +69,14 @@ class ByteSource(Protocol):
 
     async def read_tail(self, file: FileRef, n: int) -> tuple[bytes, int]: ...
 
+    async def read_pieces(
+        self, file: FileRef, ranges: Sequence[tuple[int, int]]
+    ) -> list[list[tuple[int, memoryview]]]:
+        """Each range's bytes as pieces in order, ``(offset in the file, view)``: one per
+        range from the fetcher; several where some of a range's bytes were already held
+        (a stream's kept reads), for decoders that read pieces as one (Parquet)."""
+        ...
+
 
 class ByteBlocks(Protocol):
     """A file's bytes in order, in blocks (``RangeFetcher.iter_bytes``); close it when done."""

@@ -60,6 +60,7 @@ __all__ = [
     "footer_length",
     "parse_footer",
     "plan_row_groups",
+    "piece_buffers",
     "prune_row_groups",
     "read_footer",
     "tail_range",
@@ -642,6 +643,18 @@ class _RangeFile:
         self.closed = True
 
 
+def piece_buffers(
+    ranges: Sequence[tuple[int, int]], pieces: Sequence[Sequence[tuple[int, BufferLike]]]
+) -> dict[tuple[int, int], BufferLike]:
+    """The buffers of ``decode_row_group`` from ``ByteSource.read_pieces``: each piece
+    ``(offset, bytes)`` of each range, keyed by the bytes it holds."""
+    out: dict[tuple[int, int], BufferLike] = {}
+    for (_, end), parts in zip(ranges, pieces, strict=True):
+        for k, (start, data) in enumerate(parts):
+            out[(start, parts[k + 1][0] if k + 1 < len(parts) else end)] = data
+    return out
+
+
 async def read_footer(
     source: ByteSource, file: FileRef, name: str
 ) -> tuple[ParquetFooter, bytes, int]:
@@ -662,9 +675,6 @@ class ParquetUnit(Unit):
 
     footer: ParquetFooter | None = None
     plan: RowGroupPlan | None = None
-    tail: tuple[int, bytes] | None = field(default=None, repr=False)
-    """(offset, bytes) read from the end of the file with the footer, when the unit's
-    column chunks reach into them: those bytes are taken from here, not fetched again."""
 
 
 class ParquetDecoder(Decoder[ParquetUnit]):
@@ -686,8 +696,7 @@ class ParquetDecoder(Decoder[ParquetUnit]):
     async def plan(
         self, file: FileRef, source: ByteSource, request: ReadRequest
     ) -> list[ParquetUnit]:
-        footer, tail, size = await read_footer(source, file, file.url)
-        tail_start = size - len(tail)
+        footer, _, _ = await read_footer(source, file, file.url)
         plans = plan_row_groups(footer, request.columns, filter=request.filter)
         return [
             ParquetUnit(
@@ -698,8 +707,6 @@ class ParquetDecoder(Decoder[ParquetUnit]):
                 decoded=p.uncompressed,
                 footer=footer,
                 plan=p,
-                # A small file's tail read holds some or all of its column chunks.
-                tail=(tail_start, tail) if any(e > tail_start for _, e in p.ranges) else None,
             )
             for p in plans
         ]
@@ -713,31 +720,20 @@ class ParquetDecoder(Decoder[ParquetUnit]):
     async def fetch_many(
         self, units: Sequence[ParquetUnit], source: ByteSource
     ) -> list[dict[tuple[int, int], BufferLike]]:
-        """The column chunks of ``units`` (of one file) in one ``read_buffers`` call: the
-        fetcher asks for ranges side by side in one request. Bytes read with the footer
-        are not fetched again: a range reaching into the tail is fetched up to where the
-        tail begins, and the rest is a view of it (the decode reads a range cut in two
-        as one, joining it on its own thread)."""
-        out: list[dict[tuple[int, int], BufferLike]] = []
-        wanted: list[tuple[int, tuple[int, int]]] = []  # (unit's place, range to fetch)
+        """The column chunks of ``units`` (of one file) in one ``read_pieces`` call: the
+        fetcher asks for ranges side by side in one request. A range whose bytes a
+        stream already holds in part (its tail read, with the footer; a head) comes in
+        pieces, the decode reading them as one (joining a range cut in two on its own
+        thread), so that no byte is fetched twice."""
+        ranges: list[tuple[int, tuple[int, int]]] = []  # (unit's place, range)
         for i, unit in enumerate(units):
             assert unit.plan is not None
-            held: dict[tuple[int, int], BufferLike] = {}
-            for start, end in unit.plan.ranges:
-                if unit.tail is None or end <= unit.tail[0]:
-                    wanted.append((i, (start, end)))
-                    continue
-                held_from, tail = unit.tail
-                if start < held_from:
-                    wanted.append((i, (start, held_from)))
-                at = max(start, held_from)
-                held[(at, end)] = memoryview(tail)[at - held_from : end - held_from]
-            out.append(held)
-        if wanted:
-            file = units[0].file
-            got = await source.read_buffers(file, [r for _, r in wanted])
-            for (i, r), data in zip(wanted, got, strict=True):
-                out[i][r] = data
+            ranges += [(i, r) for r in unit.plan.ranges]
+        out: list[dict[tuple[int, int], BufferLike]] = [{} for _ in units]
+        if ranges:
+            got = await source.read_pieces(units[0].file, [r for _, r in ranges])
+            for (i, r), pieces in zip(ranges, got, strict=True):
+                out[i].update(piece_buffers([r], [pieces]))
         return out
 
     def decode(
