@@ -314,8 +314,8 @@ class Prefetcher(Background, Generic[T]):
     def _fits(self, job: Job[T]) -> bool:
         # The ramp lets one more job of its group run; the first job held always may,
         # unless ``ramp_first`` (the other readahead then keeps that right).
-        ramp_first = self._ramp_first or bool(self._slots)
-        if self._ramp is not None and ramp_first and not self._ramp.has_room(job.group):
+        judged = self._ramp_first or bool(self._slots)
+        if self._ramp is not None and judged and not self._ramp.has_room(job.group):
             return False
         if not self._slots:
             return True  # one job always may run, whatever the budgets

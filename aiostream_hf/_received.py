@@ -11,8 +11,10 @@ row groups; a stream's first file has its head read beside the tail, before its 
 groups are known. Both are kept here, and a later read of their bytes is cut from them:
 only the parts not held are fetched (one ``read_buffers`` call, beside the wait for a
 kept read still on its way). A range cut in parts comes as its pieces from
-``read_pieces``, for a decoder that reads pieces as one (Parquet, on its decode thread);
-``read_buffers`` and ``read_ranges`` join them (a copy, on the event loop).
+``read_pieces``, for a decoder that reads pieces as one (Parquet, on its decode thread).
+``read_buffers`` and ``read_ranges`` give one buffer per range: they cut a range from a
+kept read only when it lies within it, and fetch any other whole, never joining pieces
+on the event loop.
 
 A kept read that the server failed (retries spent, unreachable) is dropped, and the reads
 that waited on it fetch its bytes themselves; any other error is the file's (changed
@@ -26,7 +28,7 @@ fetched; the files planned and loading at once are bounded by the stream's reada
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
 import anyio
@@ -41,6 +43,7 @@ logger = logging.getLogger("aiostream_hf")
 
 #: (offset in the file, bytes from there): one piece of a range
 Piece = tuple[int, memoryview]
+Buffer = bytes | memoryview
 
 
 @dataclass(eq=False)
@@ -117,27 +120,39 @@ class Received:
         """The bytes ``start`` to ``end`` (exclusive), as ``RangeFetcher.read``."""
         return (await self.read_ranges(file, [(start, end)]))[0]
 
-    def _holds_any(self, file: FileRef, ranges: Sequence[tuple[int, int]]) -> bool:
+    def _inside(self, file: FileRef, ranges: Sequence[tuple[int, int]]) -> list[bool]:
+        """Whether each range lies within one kept read (all of it cut from there)."""
         spans = self._spans.get(file.url, ())
-        return any(s.start < e and start < s.end for s in spans for start, e in ranges)
+        return [any(s.start <= start and end <= s.end for s in spans) for start, end in ranges]
+
+    async def _one_buffer_each(
+        self,
+        file: FileRef,
+        ranges: Sequence[tuple[int, int]],
+        fetch: Callable[[FileRef, Sequence[tuple[int, int]]], Awaitable[Sequence[Buffer]]],
+    ) -> list[Buffer]:
+        """A buffer per range for callers that want one: a range within one kept read is
+        cut from it; any other is fetched whole by ``fetch`` (a few held bytes again),
+        never joined from pieces on the event loop (a shard's read of all its bytes but
+        the kept tail byte would be copied whole)."""
+        inside = self._inside(file, ranges)
+        if not any(inside):
+            return list(await fetch(file, ranges))
+        others = [r for r, i in zip(ranges, inside, strict=True) if not i]
+        within = [r for r, i in zip(ranges, inside, strict=True) if i]
+        fetched = iter(await fetch(file, others) if others else [])
+        kept = iter(await self.read_pieces(file, within))
+        return [next(kept)[0][1] if i else next(fetched) for i in inside]
 
     async def read_ranges(self, file: FileRef, ranges: Sequence[tuple[int, int]]) -> list[bytes]:
-        if not self._holds_any(file, ranges):
-            return await self._source.read_ranges(file, ranges)
-        return [_joined(pieces) for pieces in await self.read_pieces(file, ranges)]
+        got = await self._one_buffer_each(file, ranges, self._source.read_ranges)
+        return [b if isinstance(b, bytes) else bytes(b) for b in got]
 
     async def read_buffers(
         self, file: FileRef, ranges: Sequence[tuple[int, int]]
     ) -> list[memoryview]:
-        if not self._holds_any(file, ranges):
-            return await self._source.read_buffers(file, ranges)
-        out: list[memoryview] = []
-        for pieces in await self.read_pieces(file, ranges):
-            if len(pieces) == 1:
-                out.append(pieces[0][1])
-            else:  # cut in parts: joined as one buffer
-                out.append(memoryview(_joined(pieces)).toreadonly())
-        return out
+        got = await self._one_buffer_each(file, ranges, self._source.read_buffers)
+        return [memoryview(b) for b in got]
 
     async def read_pieces(
         self, file: FileRef, ranges: Sequence[tuple[int, int]]
@@ -190,9 +205,3 @@ def _cut(spans: Sequence[_Span], start: int, end: int) -> list[tuple[int, int, _
         parts.append((pos, stop, holder))
         pos = stop
     return parts
-
-
-def _joined(pieces: Sequence[Piece]) -> bytes:
-    if len(pieces) == 1:
-        return bytes(pieces[0][1])
-    return b"".join(view for _, view in pieces)

@@ -577,7 +577,9 @@ class Stream(Engine["tuple[_Tag, Any]"]):
             try:
                 fetched = await decoder.fetch_many(units, source)
             finally:
-                if last:  # the units before it have asked for their bytes (started first)
+                # The units before it started first and have asked for their bytes; one
+                # that had not would fetch its kept bytes again, not fail.
+                if last:
                     source.forget(units[0].file)
             loaded = await anyio.to_thread.run_sync(
                 self._decode_all, decoder, group, fetched, limiter=decoding

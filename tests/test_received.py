@@ -75,17 +75,18 @@ async def test_ranges_in_the_head_are_cut_from_it_and_only_the_rest_is_fetched(
             pieces = await received.read_pieces(file, [(40_000, 60_000)])
             bytes_received = fetcher.statistics().bytes_received
     assert got == [data[s:e] for s, e in ranges]
-    # The head once, the part of (40k, 60k) past it (twice: read_pieces fetches it again,
-    # for only the head is kept), and (70k, 80k).
-    assert bytes_received == (50_000 - 4) + 10_000 + 10_000 + 10_000
+    # The head once; (40k, 60k), running past it, whole (read_buffers gives one buffer
+    # and joins none); (70k, 80k); then read_pieces fetches only (50k, 60k).
+    assert bytes_received == (50_000 - 4) + 20_000 + 10_000 + 10_000
     # A range cut by the head's end comes in two pieces, the first cut from the head.
     assert [(at, len(view)) for at, view in pieces[0]] == [(40_000, 10_000), (50_000, 10_000)]
     assert b"".join(view for _, view in pieces[0]) == data[40_000:60_000]
 
 
 async def test_a_tail_read_serves_the_reads_of_its_bytes(blob: tuple[Path, bytes]) -> None:
-    """A tail read (a Parquet footer's) is kept: a range inside it is not fetched, and a
-    range reaching into it is fetched up to where it begins."""
+    """A tail read (a Parquet footer's) is kept: a range inside it is not fetched; a
+    range reaching into it is fetched whole by read_ranges (one buffer each, none joined
+    on the event loop), and up to where the tail begins by read_pieces."""
     root, data = blob
     with HubServer(root) as hub:
         file = _ref(hub, data)
@@ -97,6 +98,8 @@ async def test_a_tail_read_serves_the_reads_of_its_bytes(blob: tuple[Path, bytes
             assert fetcher.statistics().requests == requests  # nothing fetched
             ranges = [(70_000, 85_000), (99_990, SIZE)]
             (across, end) = await received.read_ranges(file, ranges)
+            (pieces,) = await received.read_pieces(file, [(70_000, 85_000)])
+            assert [(at, len(v)) for at, v in pieces] == [(70_000, 10_000), (80_000, 5_000)]
             assert received.held_bytes() == 20_000
             received.forget(file)
             assert received.held_bytes() == 0
@@ -106,8 +109,9 @@ async def test_a_tail_read_serves_the_reads_of_its_bytes(blob: tuple[Path, bytes
     assert bytes(inside[0]) == data[90_000:95_000]
     assert (across, end) == (data[70_000:85_000], data[99_990:])
     assert bytes(again[0]) == data[90_000:95_000]
-    # The tail, the part of (70k, 85k) before it, and after forget the range once more.
-    assert bytes_received == 20_000 + 10_000 + 5_000
+    # The tail, (70k, 85k) whole, its part before the tail, and after forget the range
+    # inside the tail once more.
+    assert bytes_received == 20_000 + 15_000 + 10_000 + 5_000
 
 
 class _Gated:
