@@ -33,6 +33,7 @@ from types import TracebackType
 from typing import Generic, TypeVar
 
 import anyio
+import anyio.abc
 from anyio.abc import TaskGroup
 
 from ._exceptions import ClosedResourceError, SourceError
@@ -347,7 +348,8 @@ class Prefetcher(Background, Generic[T]):
                 self._started += 1
                 self._max_held = max(self._max_held, len(self._slots))
                 self._max_held_bytes = max(self._max_held_bytes, self._held_bytes)
-                self._tg.start_soon(self._run, job, slot)
+                # Begun in order: up to its first checkpoint before the next one starts.
+                await self._tg.start(self._run, job, slot)
                 self._more.set()
         except anyio.get_cancelled_exc_class():
             raise
@@ -358,7 +360,14 @@ class Prefetcher(Background, Generic[T]):
             self._jobs_done = True
             self._more.set()
 
-    async def _run(self, job: Job[T], slot: _Slot[T]) -> None:
+    async def _run(
+        self,
+        job: Job[T],
+        slot: _Slot[T],
+        *,
+        task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
+    ) -> None:
+        task_status.started()  # the job goes on at once, to its first checkpoint
         try:
             slot.value = await job.run()
             if job.held is not None:

@@ -1510,20 +1510,27 @@ async def _assemble(plan: _Plan, rows: list[_Row], pool: _ReaderPool) -> list[di
             files[group] = span.file
 
     frames: dict[tuple[str, str], tuple[npt.NDArray[np.float64], npt.NDArray[np.uint8]]] = {}
+    # Taken before the first checkpoint, so in the order the batches began: each file's
+    # reader serves the batches in that order, and its decoder goes on forward.
+    tickets = {group: pool.take_turn(file) for group, file in files.items()}
 
     async def fetch(group: tuple[str, str]) -> None:
         entries = requests[group]
         # Sorted, repeats dropped (np.unique would import numpy.ma: ~8 ms in a new process).
         unique = np.sort(np.concatenate([q for _, q in entries]))
         unique = unique[np.diff(unique, prepend=np.nan) != 0]
-        async with pool.use(files[group]) as reader:
+        async with pool.use(files[group], tickets[group]) as reader:
             try:  # LeRobot's rule (strict): the nearest frame, within tolerance_s of t
                 got = await reader.frames_at(unique, tolerance_s=plan.tolerance_s)
             except FrameTimestampError as exc:
                 raise _explain(plan, group[0], reader, rows, entries, exc) from exc
         frames[group] = (unique, got.data)
 
-    await _all([functools.partial(fetch, group) for group in requests])
+    try:
+        await _all([functools.partial(fetch, group) for group in requests])
+    finally:
+        for group, ticket in tickets.items():  # a fetch that never ran gives its turn up
+            pool.done(files[group], ticket)
 
     def build() -> list[dict[str, Any]]:
         items: list[dict[str, Any]] = [{} for _ in rows]
@@ -1607,6 +1614,63 @@ class _Entry:
         self.failed = False
 
 
+class _Turns:
+    """The order in which batches call one file's reader: the order they began in (the
+    prefetcher begins jobs in order), whichever task the backend runs first. A batch
+    out of turn would find the decoder past its frames and fetch their GOP again."""
+
+    __slots__ = ("_changed", "_done", "serving", "taken")
+
+    def __init__(self) -> None:
+        self.taken = 0  # tickets handed out
+        self.serving = 0  # the ticket whose turn it is
+        self._done: set[int] = set()
+        self._changed = anyio.Event()
+
+    def take(self) -> _Ticket:
+        self.taken += 1
+        return _Ticket(self, self.taken - 1)
+
+    async def wait(self, number: int) -> None:
+        while self.serving < number:
+            await self._changed.wait()
+
+    def done(self, number: int) -> None:
+        self._done.add(number)
+        if self.serving not in self._done:
+            return
+        while self.serving in self._done:
+            self._done.remove(self.serving)
+            self.serving += 1
+        self._changed.set()
+        self._changed = anyio.Event()
+
+    @property
+    def idle(self) -> bool:
+        """Every ticket handed out is done."""
+        return self.serving == self.taken
+
+
+class _Ticket:
+    """A place in a file's ``_Turns``; ``done`` once used or given up (a second call is a
+    no-op)."""
+
+    __slots__ = ("number", "turns", "used")
+
+    def __init__(self, turns: _Turns, number: int) -> None:
+        self.turns = turns
+        self.number = number
+        self.used = False
+
+    async def wait(self) -> None:
+        await self.turns.wait(self.number)
+
+    def done(self) -> None:
+        if not self.used:
+            self.used = True
+            self.turns.done(self.number)
+
+
 _COUNTERS = tuple(
     f.name for f in fields(VideoStatistics) if f.name not in ("indexed", "fallback_reason")
 )
@@ -1626,6 +1690,7 @@ class _ReaderPool:
         self._source = source
         self._limit = limit
         self._entries: OrderedDict[str, _Entry] = OrderedDict()
+        self._turns: dict[str, _Turns] = {}  # of the files with a ticket not done
         self._closed_counts: dict[str, int] = {}
         self._closed = False
         self.opened = 0
@@ -1639,15 +1704,38 @@ class _ReaderPool:
                 _add_counts(counts, entry.reader.statistics())
         return counts
 
+    def take_turn(self, file: FileRef) -> _Ticket:
+        """A ticket for ``use``: the callers of one file's reader get it in the order they
+        took their tickets. Every ticket must be done, used (``use`` does it) or not."""
+        turns = self._turns.get(file.url)
+        if turns is None:
+            turns = self._turns[file.url] = _Turns()
+        return turns.take()
+
+    def done(self, file: FileRef, ticket: _Ticket) -> None:
+        """``ticket`` is used, or given up; a file whose tickets are all done is
+        forgotten (what is kept is bounded by the batches running)."""
+        ticket.done()
+        if ticket.turns.idle and self._turns.get(file.url) is ticket.turns:
+            del self._turns[file.url]
+
     @contextlib.asynccontextmanager
-    async def use(self, file: FileRef) -> AsyncIterator[VideoReader]:
-        entry = await self._acquire(file.url, file)
+    async def use(self, file: FileRef, ticket: _Ticket | None = None) -> AsyncIterator[VideoReader]:
+        """The reader of ``file``; with a ``ticket`` (``take_turn``), once the tickets
+        before it are done; the ticket is done on leaving, however it is left."""
         try:
-            yield entry.reader
+            entry = await self._acquire(file.url, file)
+            try:
+                if ticket is not None:
+                    await ticket.wait()
+                yield entry.reader
+            finally:
+                entry.users -= 1
+                with anyio.CancelScope(shield=True):
+                    await self._trim()
         finally:
-            entry.users -= 1
-            with anyio.CancelScope(shield=True):
-                await self._trim()
+            if ticket is not None:
+                self.done(file, ticket)
 
     async def _acquire(self, key: str, file: FileRef) -> _Entry:
         while True:

@@ -37,6 +37,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import anyio
 import av
 import numpy as np
 import pandas as pd
@@ -44,7 +45,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from aiostream_hf import StreamOptions, lerobot
+from aiostream_hf import FileRef, StreamOptions, lerobot
 from aiostream_hf import video as video_module
 from aiostream_hf._exceptions import (
     ClosedResourceError,
@@ -830,3 +831,59 @@ def test_maker_is_deterministic(tmp_path: Path) -> None:
             assert path.read_bytes() == (b.path / path.relative_to(a.path)).read_bytes()
     assert a.episodes == b.episodes
     assert len(a.episodes) == 2
+
+
+@pytest.mark.parametrize("shuffled", [False, True], ids=["in-order", "shuffled"])
+async def test_batches_reach_a_reader_in_the_order_they_began(
+    datasets: dict[str, LeRobotLayout],
+    hub: HubServer,
+    options: StreamOptions,
+    monkeypatch: pytest.MonkeyPatch,
+    shuffled: bool,
+) -> None:
+    """Batches fetched side by side call each file's reader in the order they began, on
+    every backend: the frames fetched and decoded are those of one batch at a time (a
+    batch out of turn finds the decoder past its frames and fetches their GOP again)."""
+    monkeypatch.setattr(video_module._Reads, "whole", lambda self: None)  # frames by range
+    layout = datasets["v3-h264"]
+    kw: dict[str, Any] = {"batch_items": 4, "shuffle": 16 if shuffled else None, "seed": 3}
+
+    async def run(prefetch_count: int) -> tuple[list[int], dict[str, Any]]:
+        s = remote(layout, hub, dataclasses.replace(options, prefetch_count=prefetch_count), **kw)
+        got = indices(await collect(s))
+        return got, s.statistics().video
+
+    one_at_a_time, alone = await run(1)
+    side_by_side, together = await run(8)
+    assert side_by_side == one_at_a_time
+    for name in ("frame_bytes", "frame_requests", "decoder_starts", "packets_decoded"):
+        assert together[name] == alone[name], name
+
+
+async def test_turns_pass_in_ticket_order_and_a_ticket_given_up_passes_its_turn() -> None:
+    pool = lerobot._ReaderPool(source=None, limit=1)  # type: ignore[arg-type]  # no reads
+    file = FileRef("https://example.invalid/v.mp4", "v.mp4")
+    first, second, third = (pool.take_turn(file) for _ in range(3))
+    order: list[str] = []
+
+    async def wait(ticket: Any, name: str) -> None:
+        await ticket.wait()
+        order.append(name)
+        pool.done(file, ticket)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(wait, third, "third")
+        tg.start_soon(wait, second, "second")
+        await anyio.wait_all_tasks_blocked()
+        assert order == []  # both wait for the first
+        pool.done(file, first)
+        pool.done(file, first)  # a second done is a no-op: the second still goes first
+    assert order == ["second", "third"]
+    assert pool._turns == {}  # every ticket done: the file is forgotten
+
+    given_up, waiting = pool.take_turn(file), pool.take_turn(file)
+    with anyio.fail_after(5):
+        pool.done(file, given_up)  # its batch failed before using it
+        await waiting.wait()
+    pool.done(file, waiting)
+    assert pool._turns == {}
