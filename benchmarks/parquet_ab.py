@@ -10,7 +10,7 @@ its text repo, 8 files, 321 MB, with ``output="arrow"``; ``--output python`` ite
 dict rows) through one Hub server in its own process, 20 ms added to every request.
 The server and data are parquet_bench's (run it once first). Prints and writes
 benchmarks/results/ab/transport.json (``--out``); the A/Bs recorded under
-benchmarks/results/ab/ (transport, engine, ramp, small units, received) were made with
+benchmarks/results/ab/ (transport, engine, ramp, small units, received, order) were made with
 it, the earlier ones under its first name, transport_ab.py.
 """
 
