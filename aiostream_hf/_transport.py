@@ -51,6 +51,11 @@ _GATHER_S = 0.02
 #: The most bytes one read of a body returns (what arrived by then, at least one byte).
 _PIECE = 1 << 20
 
+#: A redirect's body up to this size is read with its head, in the same worker-thread
+#: call: its connection then goes back to the pool (the next file's resolve reuses it,
+#: with no new TCP and TLS handshake) instead of being shut down unread.
+_REDIRECT_BODY = 64 * 1024
+
 T = TypeVar("T")
 
 
@@ -107,38 +112,45 @@ class ThreadedTransport(httpx2.AsyncBaseTransport):
 
         handoff = _Handoff()
 
-        def send() -> urllib3.BaseHTTPResponse:
-            return handoff.deliver(
-                pool.urlopen(
-                    method,
-                    url,
-                    body=body,
-                    headers=headers,
-                    redirect=False,
-                    retries=False,
-                    preload_content=False,
-                    decode_content=False,
-                    timeout=urllib3.Timeout(
-                        connect=timeout.get("connect"), read=timeout.get("read")
-                    ),
-                )
+        def send() -> tuple[urllib3.BaseHTTPResponse, bytes | None]:
+            answer = pool.urlopen(
+                method,
+                url,
+                body=body,
+                headers=headers,
+                redirect=False,
+                retries=False,
+                preload_content=False,
+                decode_content=False,
+                timeout=urllib3.Timeout(connect=timeout.get("connect"), read=timeout.get("read")),
             )
+            whole = _read_redirect(answer)  # before deliver: a caller gone meanwhile closes it
+            return handoff.deliver(answer), whole
 
         try:
-            answer = await self._run(request, send)
+            answer, whole = await self._run(request, send)
         except anyio.get_cancelled_exc_class():
             handoff.abandon()  # the answer, when it comes, is closed, not left to the GC
             raise
+        extensions: dict[str, Any] = {
+            "http_version": b"HTTP/1.1",
+            "reason_phrase": (answer.reason or "").encode(),
+        }
+        if whole is not None:  # read with its head; its connection is back in the pool
+            return httpx2.Response(
+                answer.status,
+                headers=list(answer.headers.items()),
+                content=whole,
+                extensions=extensions,
+            )
         received = _Body(self, request, answer)
+        # The body, received in place (not with aiter_*)
+        extensions[READINTO] = received.readinto
         return httpx2.Response(
             answer.status,
             headers=list(answer.headers.items()),
             stream=received,
-            extensions={
-                "http_version": b"HTTP/1.1",
-                "reason_phrase": (answer.reason or "").encode(),
-                READINTO: received.readinto,  # the body, received in place (not with aiter_*)
-            },
+            extensions=extensions,
         )
 
     async def aclose(self) -> None:
@@ -200,7 +212,16 @@ class _Body(httpx2.AsyncByteStream):
             yield piece
 
     def _read(self) -> bytes:
-        return bytes(self._answer.read1(_PIECE))
+        data = bytes(self._answer.read1(_PIECE))
+        # A plain body read to its end is closed here, as ``_readinto`` does: the body then
+        # ends without one more thread hand-off to read nothing (http.client's read1
+        # leaves that read to find the end), and its connection is reused.
+        raw: Any = getattr(self._answer, "_fp", None)
+        if data and _in_place(raw) and raw.length == 0:
+            raw._close_conn()
+        if _ended(raw):
+            self._done = True
+        return data
 
     async def readinto(self, view: memoryview) -> int:
         """Read the next bytes of the body into ``view`` (what arrived, at least one byte;
@@ -252,6 +273,18 @@ class _Body(httpx2.AsyncByteStream):
             _shut_down(self._answer)  # cut short: the connection is not reusable
             self._answer.close()
         self._done = True
+
+
+def _read_redirect(answer: urllib3.BaseHTTPResponse) -> bytes | None:
+    """On the worker thread, once its head is in: the body of a redirect of a known
+    length up to ``_REDIRECT_BODY``, read whole (under the request's read timeout), and
+    its connection released to the pool; None for any other answer (left unread)."""
+    length = answer.length_remaining
+    if not 300 <= answer.status < 400 or length is None or length > _REDIRECT_BODY:
+        return None
+    whole = answer.read(decode_content=False)
+    answer.release_conn()
+    return bytes(whole)
 
 
 def _ended(raw: Any) -> bool:
