@@ -52,9 +52,11 @@ _GATHER_S = 0.02
 _PIECE = 1 << 20
 
 #: A redirect's body up to this size is read with its head, in the same worker-thread
-#: call: its connection then goes back to the pool (the next file's resolve reuses it,
-#: with no new TCP and TLS handshake) instead of being shut down unread.
+#: call, if it comes within ``_REDIRECT_DRAIN_S``: its connection then goes back to the
+#: pool (the next file's resolve reuses it, with no new TCP and TLS handshake) instead
+#: of being shut down unread. One that does not come by then is left unread, as before.
 _REDIRECT_BODY = 64 * 1024
+_REDIRECT_DRAIN_S = 0.05
 
 T = TypeVar("T")
 
@@ -277,14 +279,37 @@ class _Body(httpx2.AsyncByteStream):
 
 def _read_redirect(answer: urllib3.BaseHTTPResponse) -> bytes | None:
     """On the worker thread, once its head is in: the body of a redirect of a known
-    length up to ``_REDIRECT_BODY``, read whole (under the request's read timeout), and
-    its connection released to the pool; None for any other answer (left unread)."""
+    length up to ``_REDIRECT_BODY`` that comes within ``_REDIRECT_DRAIN_S`` (each socket
+    read waits at most what is left of that), read whole and its connection released to
+    the pool. None for any other answer, and for a body that does not come in time (a
+    server trickling it): left unread, that answer is shut down when it is dropped."""
     length = answer.length_remaining
     if not 300 <= answer.status < 400 or length is None or length > _REDIRECT_BODY:
         return None
-    whole = answer.read(decode_content=False)
+    sock = getattr(answer.connection, "sock", None)
+    if sock is None:
+        return None
+    waits = sock.gettimeout()
+    deadline = time.monotonic() + _REDIRECT_DRAIN_S
+    pieces: list[bytes] = []
+    try:
+        while answer.length_remaining:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None  # the rest, if read, waits as any body's read does
+            sock.settimeout(left)
+            piece = answer.read1(answer.length_remaining, decode_content=False)
+            if not piece:
+                return None  # the body ended short: the connection is not reused
+            pieces.append(piece)
+    except (OSError, urllib3.exceptions.HTTPError):
+        return None
+    finally:
+        with contextlib.suppress(OSError):
+            sock.settimeout(waits)
+    answer.read(decode_content=False)  # b"": the response ends, its connection is free
     answer.release_conn()
-    return bytes(whole)
+    return b"".join(pieces)
 
 
 def _ended(raw: Any) -> bool:

@@ -284,6 +284,104 @@ async def test_a_redirect_leaves_its_connection_to_the_next_request(hub_root: Pa
     assert stats.connections == 1
 
 
+class _RedirectServer:
+    """A raw HTTP server answering every request with a 302 whose body of ``size``
+    bytes comes at once (``trickle`` None) or a byte every ``trickle`` seconds; it counts
+    its connections and the body bytes it had sent when each request came in."""
+
+    def __init__(self, size: int, trickle: float | None) -> None:
+        import socket
+        import threading
+
+        self.size, self.trickle = size, trickle
+        self.connections = 0
+        self.sent_before_request: list[int] = []
+        self._sent = 0
+        self._stop = threading.Event()
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self._listener.settimeout(0.2)
+        self.url = f"http://127.0.0.1:{self._listener.getsockname()[1]}/resolve"
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        import threading
+
+        while not self._stop.is_set():
+            try:
+                conn, _ = self._listener.accept()
+            except OSError:
+                continue
+            self.connections += 1
+            threading.Thread(target=self._answer, args=(conn,), daemon=True).start()
+
+    def _answer(self, conn: Any) -> None:
+        with conn:
+            conn.settimeout(0.2)
+            while not self._stop.is_set():
+                try:
+                    request = conn.recv(65536)
+                except OSError:
+                    continue
+                if not request:
+                    return
+                self.sent_before_request.append(self._sent)
+                head = "HTTP/1.1 302 Found\r\nLocation: http://example.invalid/x\r\n"
+                conn.sendall(f"{head}Content-Length: {self.size}\r\n\r\n".encode())
+                try:
+                    if self.trickle is None:
+                        conn.sendall(b"f" * self.size)
+                        self._sent += self.size
+                        continue
+                    for _ in range(self.size):
+                        if self._stop.wait(self.trickle):
+                            return
+                        conn.sendall(b"f")
+                        self._sent += 1
+                except OSError:
+                    return
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+        self._listener.close()
+
+
+async def test_a_redirect_with_a_body_leaves_its_connection_too() -> None:
+    """A redirect with a small body (the real Hub's: "Found. Redirecting to ..."), which
+    comes with its head: read with it, the connection is reused."""
+    from aiostream_hf._transport import ThreadedTransport
+
+    server = _RedirectServer(size=60, trickle=None)
+    try:
+        async with httpx2.AsyncClient(transport=ThreadedTransport(2)) as http:
+            for _ in range(3):
+                async with http.stream("GET", server.url) as answer:
+                    assert answer.status_code == 302
+    finally:
+        server.close()
+    assert server.connections == 1
+
+
+async def test_a_trickled_redirect_body_is_not_waited_for() -> None:
+    """A redirect whose body trickles (a byte per 0.2 s, 1,000 promised) is answered
+    without its body: the drain gives up at once (``_REDIRECT_DRAIN_S``), the answer is
+    dropped unread and its connection shut down, never held for the ~200 s it takes."""
+    from aiostream_hf._transport import ThreadedTransport
+
+    server = _RedirectServer(size=1000, trickle=0.2)
+    try:
+        async with httpx2.AsyncClient(transport=ThreadedTransport(2)) as http:
+            for _ in range(2):
+                async with http.stream("GET", server.url) as answer:
+                    assert answer.status_code == 302
+        sent = list(server.sent_before_request)
+    finally:
+        server.close()
+    assert server.connections == 2  # the first one was not reused: its body never came
+    assert sent[1] < 20  # the second request came long before the first body was sent
+
+
 async def test_a_send_cancelled_before_its_answer_closes_the_answer(hub_root: Path) -> None:
     """A request cancelled while its worker thread waits for the answer: the thread is
     abandoned, and the answer it gets afterwards is closed (its socket with it), not
