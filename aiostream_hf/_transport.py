@@ -302,12 +302,12 @@ def _read_redirect(answer: urllib3.BaseHTTPResponse) -> bytes | None:
             if not piece:
                 return None  # the body ended short: the connection is not reused
             pieces.append(piece)
+        answer.read(decode_content=False)  # b"": the response ends, its connection is free
     except (OSError, urllib3.exceptions.HTTPError):
         return None
     finally:
         with contextlib.suppress(OSError):
             sock.settimeout(waits)
-    answer.read(decode_content=False)  # b"": the response ends, its connection is free
     answer.release_conn()
     return b"".join(pieces)
 
