@@ -26,6 +26,10 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
+if str(HERE) not in sys.path:  # run as a script it is; loaded from a file (tests), not
+    sys.path.insert(0, str(HERE))
+import shortfalls  # noqa: E402  (benchmarks/shortfalls.py)
+
 SCRIPTS = {
     "parquet": "benchmarks/parquet_bench.py",
     "webdataset": "benchmarks/webdataset_bench.py",
@@ -319,6 +323,9 @@ def render_markdown(
                 f"{'yes' if r['met'] else 'NO'} |"
             )
         lines.append("")
+        missed = shortfalls.explain(name, data)
+        if missed:
+            lines += ["Missed, and why (every figure from the same run):", "", *missed, ""]
         for image in (charts or {}).get(name, ()):
             stem = Path(image).stem
             what = "ratios against their targets" if stem.endswith("-ratios") else "per contender"

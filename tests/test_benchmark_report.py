@@ -12,6 +12,7 @@ import importlib.util
 import json
 import os
 import stat
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -332,3 +333,74 @@ def test_run_all_stops_at_the_first_failure(tmp_path: Path) -> None:
     ]
     assert "== webdataset: FAILED (exit status 3)" in proc.stdout
     assert "video" not in proc.stdout
+
+
+# -- shortfalls: why a missed ratio missed, from the same JSON ----------------------------
+
+shortfalls = sys.modules["shortfalls"]  # report.py imports benchmarks/shortfalls.py
+
+
+def test_every_missed_ratio_committed_is_explained() -> None:
+    for name, data in _results().items():
+        missed = [r for r in data["ratios"] if not r["met"]]
+        lines = shortfalls.explain(name, data)
+        assert len(lines) == len(missed), name
+        for line, r in zip(lines, missed, strict=True):
+            assert _ratio_name(r) in line
+            assert "not explained" not in line, line
+
+
+def test_the_markdown_says_why_under_the_missed_ratios(tmp_path: Path) -> None:
+    docs = tmp_path / "benchmarks.md"
+    assert report.main(["--results-dir", str(RESULTS), "--docs", str(docs), "--no-charts"]) == 0
+    markdown = docs.read_text()
+    for name, data in _results().items():
+        section = markdown.split(f"## {name}\n", 1)[1].split("\n## ", 1)[0]
+        for line in shortfalls.explain(name, data):
+            assert line in section
+
+
+def _video() -> dict[str, Any]:
+    return json.loads((RESULTS / "video.json").read_text())
+
+
+def test_an_explanation_reads_its_figures_from_the_run() -> None:
+    data = _video()
+    rounds = data["workloads"]["frames-50MBps"]["rounds"]
+    for r in rounds:  # every round's local read 100 ms longer: the lead is 100 ms shorter
+        r["pyav-local"]["seconds"] += 0.1
+    leads = sorted(1000 * (r["aiostream"]["seconds"] - r["pyav-local"]["seconds"]) for r in rounds)
+    (line,) = [x for x in shortfalls.explain("video", data) if "frames-50MBps" in x]
+    assert f"lead over the local read is {statistics.median(leads):.0f} ms" in line
+    assert f"per round {leads[0]:.0f} ms to {leads[-1]:.0f} ms" in line
+    latency = data["parameters"]["latency_ms"]
+    assert f"{3 * latency:.0f} ms of latency" in line
+
+    quota = json.loads((RESULTS / "quota.json").read_text())
+    ours = quota["modes"]["epoch"]["rounds"][0]["aiostream"]
+    ours["seconds"] += 50.0
+    (line,) = shortfalls.explain("quota", quota)
+    assert f"took {ours['seconds'] - 900:.0f} s (aiostream)" in line
+
+
+def test_a_met_ratio_has_no_line_and_an_unknown_missed_one_says_so() -> None:
+    data = _video()
+    for r in data["ratios"]:
+        r["met"] = True
+    assert shortfalls.explain("video", data) == []
+    data["ratios"][0]["met"] = False
+    (line,) = shortfalls.explain("video", data)
+    assert "not explained" not in line
+    data["ratios"][0]["ratio"] = "frames: something new / pyav-local"
+    (line,) = shortfalls.explain("video", data)
+    assert line.endswith(shortfalls.NOT_EXPLAINED)
+
+
+def test_a_run_that_lacks_a_figure_is_not_explained_rather_than_failing() -> None:
+    data = _video()
+    for r in data["workloads"]["frames"]["rounds"]:
+        del r["pyav-local"]
+    lines = shortfalls.explain("video", data)
+    frames = [x for x in lines if x.startswith("- **frames: time aiostream")]
+    assert frames
+    assert "did not record the figures" in frames[0]
