@@ -13,8 +13,11 @@ validators and statistics see an ``httpx2.Response`` as from any transport; urll
 errors become the httpx2 errors the fetcher retries (``ReadTimeout``, ``ConnectError``,
 ``RemoteProtocolError``...). urllib3 follows no redirect and retries nothing itself.
 Cancellation is never held up by a blocked read: the thread is abandoned and the
-socket shut down under it; a send abandoned before its answer came closes that answer
-when it comes (``_Handoff``), so no connection is left for the garbage collector.
+socket shut down under it, for a send (its connection tells ``_Handoff`` which socket
+it is) as for a body; an answer that comes all the same is closed, so no connection is
+left for the garbage collector. Every worker-thread call ends within ``_call_limit``
+(the read timeout bounds each socket read, not a head, 1xx run or trailer that never
+ends): past it, its socket is shut down and it is a ``ReadTimeout``.
 
 A TLS context that verifies certificates reads the CA bundle when it is made (~20 ms):
 a process that reads over plain HTTP (a local server, a plain-HTTP object store) never
@@ -27,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import http.client
+import socket
 import ssl
 import threading
 import time
@@ -37,6 +41,7 @@ import anyio
 import anyio.to_thread
 import httpx2
 import urllib3
+import urllib3.connection
 import urllib3.exceptions
 
 __all__ = ["READINTO", "ThreadedTransport", "tls_context"]
@@ -57,6 +62,14 @@ _PIECE = 1 << 20
 #: of being shut down unread. One that does not come by then is left unread, as before.
 _REDIRECT_BODY = 64 * 1024
 _REDIRECT_DRAIN_S = 0.05
+
+#: Every worker-thread call of a request (its send up to the whole head; one read of its
+#: body) ends within ``_CALL_READS`` read timeouts, plus its connect timeout and
+#: ``_CALL_SLACK_S``: the read timeout bounds each socket read, not a server that sends
+#: a byte of its head (or of a chunked body's trailer, or an endless run of 1xx answers)
+#: every few seconds. Past it, the call's socket is shut down and it is a ``ReadTimeout``.
+_CALL_READS = 2
+_CALL_SLACK_S = 1.0
 
 T = TypeVar("T")
 
@@ -93,6 +106,7 @@ class ThreadedTransport(httpx2.AsyncBaseTransport):
             pool = urllib3.PoolManager(
                 num_pools=64, maxsize=self._max_connections, block=False, **extra
             )
+            pool.pool_classes_by_scheme = _TRACKED_POOLS
             self._pools[scheme] = pool
         return pool
 
@@ -115,25 +129,40 @@ class ThreadedTransport(httpx2.AsyncBaseTransport):
         handoff = _Handoff()
 
         def send() -> tuple[urllib3.BaseHTTPResponse, bytes | None]:
-            answer = pool.urlopen(
-                method,
-                url,
-                body=body,
-                headers=headers,
-                redirect=False,
-                retries=False,
-                preload_content=False,
-                decode_content=False,
-                timeout=urllib3.Timeout(connect=timeout.get("connect"), read=timeout.get("read")),
-            )
+            _sending.handoff = handoff  # the connection used tells it (_Tracked)
+            try:
+                answer = pool.urlopen(
+                    method,
+                    url,
+                    body=body,
+                    headers=headers,
+                    redirect=False,
+                    retries=False,
+                    preload_content=False,
+                    decode_content=False,
+                    timeout=urllib3.Timeout(
+                        connect=timeout.get("connect"), read=timeout.get("read")
+                    ),
+                )
+            finally:
+                _sending.handoff = None
             whole = _read_redirect(answer)  # before deliver: a caller gone meanwhile closes it
             return handoff.deliver(answer), whole
 
+        limit = _call_limit(timeout, head=True)
         try:
-            answer, whole = await self._run(request, send)
-        except anyio.get_cancelled_exc_class():
-            handoff.abandon()  # the answer, when it comes, is closed, not left to the GC
-            raise
+            with anyio.fail_after(limit):
+                try:
+                    answer, whole = await self._run(request, send)
+                except anyio.get_cancelled_exc_class():
+                    # Its socket is shut down now (a head that never ends ends there), or
+                    # the answer, when it comes, is closed: not left to the GC.
+                    handoff.abandon()
+                    raise
+        except TimeoutError:
+            raise httpx2.ReadTimeout(
+                f"no whole response head within {limit:.0f} s", request=request
+            ) from None
         extensions: dict[str, Any] = {
             "http_version": b"HTTP/1.1",
             "reason_phrase": (answer.reason or "").encode(),
@@ -172,10 +201,21 @@ class _Handoff:
         self._lock = threading.Lock()
         self._abandoned = False
         self._answer: urllib3.BaseHTTPResponse | None = None
+        self._connection: urllib3.connection.HTTPConnection | None = None
+
+    def sending(self, connection: urllib3.connection.HTTPConnection) -> None:
+        """On the worker thread: the request goes out on ``connection``; if the caller
+        has left already, its socket is shut down (the send fails at once)."""
+        with self._lock:
+            if not self._abandoned:
+                self._connection = connection
+                return
+        _shut_socket(connection)
 
     def deliver(self, answer: urllib3.BaseHTTPResponse) -> urllib3.BaseHTTPResponse:
         """On the worker thread: ``answer``, kept for the caller, or closed if it left."""
         with self._lock:
+            self._connection = None
             if not self._abandoned:
                 self._answer = answer
                 return answer
@@ -183,13 +223,18 @@ class _Handoff:
         return answer
 
     def abandon(self) -> None:
-        """On the caller's cancellation: close the answer now if it came in the meantime,
-        or have the worker thread close it when it comes."""
+        """On the caller's cancellation: close the answer now if it came in the meantime;
+        else shut the socket of the send down under its worker thread (a head that never
+        ends, an endless run of 1xx answers), and have the thread close the answer if one
+        comes all the same."""
         with self._lock:
             self._abandoned = True
             answer, self._answer = self._answer, None
+            connection, self._connection = self._connection, None
         if answer is not None:
             answer.close()
+        elif connection is not None:
+            _shut_socket(connection)
 
 
 class _Body(httpx2.AsyncByteStream):
@@ -201,13 +246,25 @@ class _Body(httpx2.AsyncByteStream):
         self._answer = answer
         self._done = False
 
+    async def _call(self, fn: Callable[[], T]) -> T:
+        """``fn`` on a worker thread, its socket shut down under it if it is cancelled or
+        takes longer than ``_call_limit`` (a chunked body's endless trailer)."""
+        limit = _call_limit(self._request.extensions.get("timeout", {}), head=False)
+        try:
+            with anyio.fail_after(limit):
+                try:
+                    return await self._transport._run(self._request, fn)
+                except anyio.get_cancelled_exc_class():
+                    _shut_down(self._answer)  # unblocks the abandoned read
+                    raise
+        except TimeoutError:
+            raise httpx2.ReadTimeout(
+                f"one read of the body took over {limit:.0f} s", request=self._request
+            ) from None
+
     async def __aiter__(self) -> AsyncIterator[bytes]:
         while not self._done:
-            try:
-                piece = await self._transport._run(self._request, self._read)
-            except anyio.get_cancelled_exc_class():
-                _shut_down(self._answer)  # unblocks the abandoned read
-                raise
+            piece = await self._call(self._read)
             if not piece:
                 self._done = True
                 return
@@ -230,12 +287,7 @@ class _Body(httpx2.AsyncByteStream):
         0 at its end): the socket read writes them there, without the GIL or a copy."""
         if self._done:
             return 0
-        try:
-            n = await self._transport._run(self._request, functools.partial(self._readinto, view))
-        except anyio.get_cancelled_exc_class():
-            _shut_down(self._answer)  # unblocks the abandoned read
-            raise
-        return n
+        return await self._call(functools.partial(self._readinto, view))
 
     def _readinto(self, view: memoryview) -> int:
         # What one socket read gives (as read1 does), so that a slow body shows its pace
@@ -386,3 +438,55 @@ def _error(exc: BaseException, request: httpx2.Request) -> httpx2.TransportError
     else:
         kind = httpx2.ReadError
     return kind(message, request=request)
+
+
+def _call_limit(timeout: Any, *, head: bool) -> float | None:
+    """The longest one worker-thread call of a request may take (see ``_CALL_READS``);
+    None when the request has no read timeout."""
+    read = timeout.get("read") if isinstance(timeout, dict) else None
+    if read is None:
+        return None
+    connect = (timeout.get("connect") or 0.0) if head else 0.0
+    return float(connect) + _CALL_READS * float(read) + _CALL_SLACK_S
+
+
+def _shut_socket(connection: urllib3.connection.HTTPConnection) -> None:
+    """Shut the socket of ``connection`` down: a read blocked on it returns at once."""
+    sock = getattr(connection, "sock", None)
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.shutdown(socket.SHUT_RDWR)
+
+
+#: The send of the worker thread's current request (``_Tracked`` tells it its connection).
+_sending = threading.local()
+
+
+class _Tracked:
+    """A urllib3 connection that tells the send it carries (``_sending``) that it is the
+    one: the send's caller can then shut its socket down if it leaves."""
+
+    def request(self, *args: Any, **kwargs: Any) -> Any:
+        handoff: _Handoff | None = getattr(_sending, "handoff", None)
+        if handoff is not None:
+            handoff.sending(self)  # type: ignore[arg-type]
+        return super().request(*args, **kwargs)  # type: ignore[misc]
+
+
+class _TrackedHTTPConnection(_Tracked, urllib3.connection.HTTPConnection):
+    pass
+
+
+class _TrackedHTTPSConnection(_Tracked, urllib3.connection.HTTPSConnection):
+    pass
+
+
+class _TrackedHTTPPool(urllib3.HTTPConnectionPool):
+    ConnectionCls = _TrackedHTTPConnection
+
+
+class _TrackedHTTPSPool(urllib3.HTTPSConnectionPool):
+    ConnectionCls = _TrackedHTTPSConnection
+
+
+_TRACKED_POOLS = {"http": _TrackedHTTPPool, "https": _TrackedHTTPSPool}

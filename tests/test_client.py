@@ -458,3 +458,114 @@ print(json.dumps({"rows": rows, "tls": _transport.tls_context.cache_info().currs
         )
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout.splitlines()[-1]) == {"rows": 200, "tls": 0, "stacks": []}
+
+
+# -- answers that never end: every worker-thread call of a request is bounded -------------
+
+
+class _EndlessServer:
+    """A raw HTTP server that reads a request, sends ``start``, then ``step`` every
+    ``every`` seconds until the client closes its end (``closed`` is then set)."""
+
+    def __init__(self, start: bytes, step: bytes, every: float = 0.05) -> None:
+        import socket
+        import threading
+
+        self.start, self.step, self.every = start, step, every
+        self.closed = threading.Event()
+        self._stop = threading.Event()
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self._listener.settimeout(0.2)
+        self.url = f"http://127.0.0.1:{self._listener.getsockname()[1]}/x"
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        while not self._stop.is_set():
+            try:
+                conn, _ = self._listener.accept()
+            except OSError:
+                continue
+            with conn:
+                conn.settimeout(5)
+                try:
+                    conn.recv(65536)
+                    conn.sendall(self.start)
+                    while not self._stop.wait(self.every):
+                        conn.sendall(self.step)
+                except OSError:  # the client shut its socket down
+                    self.closed.set()
+                    return
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+        self._listener.close()
+
+
+_ENDLESS = {
+    # a head whose header lines keep coming: each socket read is quick
+    "head": (b"HTTP/1.1 200 OK\r\n", b"X-More: yes\r\n"),
+    # interim answers, one after another, never the final one
+    "1xx": (b"", b"HTTP/1.1 100 Continue\r\n\r\n"),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(_ENDLESS))
+async def test_an_answer_whose_head_never_ends_is_a_read_timeout(kind: str) -> None:
+    """A head that never ends (a header line every 50 ms; or 100-Continue answers, ever)
+    keeps every socket read within the read timeout: the send is bounded all the same
+    (``_CALL_READS`` read timeouts), its socket shut down, its thread freed. Before, it
+    was read forever, and the process could not exit."""
+    from aiostream_hf._transport import ThreadedTransport
+
+    server = _EndlessServer(*_ENDLESS[kind])
+    try:
+        async with httpx2.AsyncClient(
+            transport=ThreadedTransport(2), timeout=httpx2.Timeout(0.2)
+        ) as http:
+            with anyio.fail_after(10), pytest.raises(httpx2.ReadTimeout, match="head"):
+                await http.get(server.url)
+        assert await anyio.to_thread.run_sync(server.closed.wait, 5)
+    finally:
+        server.close()
+
+
+async def test_a_body_whose_trailer_never_ends_is_a_read_timeout() -> None:
+    """A chunked body whose trailer never ends (a line every 50 ms) fails its read
+    within the bound, its socket shut down."""
+    from aiostream_hf._transport import ThreadedTransport
+
+    head = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n"
+    server = _EndlessServer(head, b"X-Trailer: more\r\n")
+    try:
+        async with httpx2.AsyncClient(
+            transport=ThreadedTransport(2), timeout=httpx2.Timeout(0.2)
+        ) as http:
+            with anyio.fail_after(10), pytest.raises(httpx2.ReadTimeout, match="body"):
+                async with http.stream("GET", server.url) as answer:
+                    async for _ in answer.aiter_bytes():
+                        pass
+        assert await anyio.to_thread.run_sync(server.closed.wait, 5)
+    finally:
+        server.close()
+
+
+async def test_a_cancelled_send_shuts_its_socket_down() -> None:
+    """A send cancelled while 100-Continue answers keep coming (no timeout at all) has
+    its socket shut down under its worker thread: the thread ends, the server sees the
+    close. Before, the thread went on reading them (http.client skips any number of
+    them), and the process hung at exit."""
+    from aiostream_hf._transport import ThreadedTransport
+
+    server = _EndlessServer(*_ENDLESS["1xx"])
+    try:
+        async with httpx2.AsyncClient(
+            transport=ThreadedTransport(2), timeout=httpx2.Timeout(None)
+        ) as http:
+            with anyio.move_on_after(0.3) as scope:
+                await http.get(server.url)
+            assert scope.cancelled_caught
+        assert await anyio.to_thread.run_sync(server.closed.wait, 5)
+    finally:
+        server.close()
