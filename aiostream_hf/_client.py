@@ -57,7 +57,7 @@ from anyio.lowlevel import RunVar
 from .__version__ import __version__
 from ._exceptions import ClosedResourceError, RateLimitedError, SourceError, UnreachableError
 from ._quota import GO, PROBE, Pacing, SharedQuota, bucket_of
-from ._retry import backoff_delay, retry_after
+from ._retry import MAX_HEADER_DELAY_S, backoff_delay, clamp_delay, retry_after
 from ._transport import ThreadedTransport, tls_context
 
 __all__ = [
@@ -164,7 +164,8 @@ def ratelimit(value: str | None) -> tuple[int, float] | None:
     reset = _RATELIMIT_RESET.search(value)
     if remaining is None or reset is None:
         return None
-    return int(remaining.group(1)), float(reset.group(1))
+    seconds = clamp_delay(float(reset.group(1)))  # digits only: never NaN
+    return int(remaining.group(1)), MAX_HEADER_DELAY_S if seconds is None else seconds
 
 
 class RequestSigner(Protocol):
@@ -548,7 +549,10 @@ class HubClient:
         if ticket is not None and paced and not ticket.answered:
             if limit is not None:
                 ticket.answered = True
-                self._quota.learn(ticket.key, limit[0], limit[1], ticket.sent_at, time.time())
+                # A window is counted at most MAX_SERVER_DELAY_S ahead, as a host pause is:
+                # one answer must not block the machine's later processes for a year.
+                reset = min(limit[1], MAX_SERVER_DELAY_S)
+                self._quota.learn(ticket.key, limit[0], reset, ticket.sent_at, time.time())
             elif status < 500 and status != 429:
                 ticket.answered = True
                 self._quota.unlimited(ticket.key, ticket.sent_at)
@@ -615,13 +619,20 @@ class HubClient:
         return backoff_delay(failures, base, cap, self._rng)
 
     def retry_delay(
-        self, failures: int, server_delay: float | None, *, base: float, cap: float
+        self,
+        failures: int,
+        server_delay: float | None,
+        *,
+        base: float,
+        cap: float,
+        most: float = MAX_SERVER_DELAY_S,
     ) -> float:
         """How long to wait before a retry: the server's ``Retry-After`` when it gave one
-        (at most the Hub's rate-limit window, or ``cap`` if longer), else the backoff."""
+        (at most the Hub's rate-limit window, or ``cap`` if longer, and never more than
+        ``most``: ``StreamOptions.max_rate_limit_wait``), else the backoff."""
         if server_delay is None:
             return self.backoff(failures, base, cap)
-        return min(server_delay, max(MAX_SERVER_DELAY_S, cap))
+        return min(server_delay, max(MAX_SERVER_DELAY_S, cap), most)
 
     # -- where files are served (plain synchronous state) -----------------------------------
 
@@ -681,7 +692,10 @@ class _Ticket:
 
 def _clock(epoch_seconds: float) -> str:
     """A wall-clock time for messages: 2026-12-03 16:40:05 UTC."""
-    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(epoch_seconds))
+    try:
+        return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(epoch_seconds))
+    except (OverflowError, OSError, ValueError):  # past what the platform's clock holds
+        return "a time too far ahead to tell"
 
 
 # -- one default client per event loop --------------------------------------------------------

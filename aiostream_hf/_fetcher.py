@@ -584,7 +584,13 @@ class RangeFetcher:
 
     def _retry_delay(self, failures: int, server_delay: float | None) -> float:
         o = self.options
-        return self._hub.retry_delay(failures, server_delay, base=o.backoff_base, cap=o.backoff_max)
+        return self._hub.retry_delay(
+            failures,
+            server_delay,
+            base=o.backoff_base,
+            cap=o.backoff_max,
+            most=o.max_rate_limit_wait,
+        )
 
     # -- requests --------------------------------------------------------------------------
 

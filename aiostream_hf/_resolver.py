@@ -875,6 +875,7 @@ class Resolver:
                         retry_after(response.headers.get("retry-after")),
                         base=o.backoff_base,
                         cap=o.backoff_max,
+                        most=o.max_rate_limit_wait,
                     )
             else:
                 if attempts > o.max_retries:

@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import math
 import random
 from datetime import datetime, timezone
 from email.utils import parsedate_to_datetime
 
-__all__ = ["backoff_delay", "retry_after"]
+__all__ = ["MAX_HEADER_DELAY_S", "backoff_delay", "clamp_delay", "retry_after"]
+
+#: The longest delay a server's header is taken at (a year): beyond it, a server's
+#: number (``Retry-After: 1e18``, ``t=99999999999999999999``) is read as this, so that
+#: no clock or message overflows on it; every wait is bounded far below it anyway.
+MAX_HEADER_DELAY_S = 365 * 24 * 3600.0
 
 
 def backoff_delay(failures: int, base: float, cap: float, rng: random.Random) -> float:
@@ -15,13 +21,22 @@ def backoff_delay(failures: int, base: float, cap: float, rng: random.Random) ->
     return ceiling * (0.5 + 0.5 * rng.random())
 
 
+def clamp_delay(seconds: float) -> float | None:
+    """A server's delay, in ``[0, MAX_HEADER_DELAY_S]``; None for one that is not a
+    number (NaN): the caller then backs off as if none was given."""
+    if math.isnan(seconds):
+        return None
+    return min(max(0.0, seconds), MAX_HEADER_DELAY_S)
+
+
 def retry_after(value: str | None) -> float | None:
-    """Seconds to wait from a Retry-After header (delay-seconds or an HTTP date)."""
+    """Seconds to wait from a Retry-After header (delay-seconds or an HTTP date), in
+    ``[0, MAX_HEADER_DELAY_S]``; None when absent or unreadable."""
     if not value:
         return None
     value = value.strip()
     try:
-        return max(0.0, float(value))
+        return clamp_delay(float(value))
     except ValueError:
         pass
     try:
@@ -30,4 +45,4 @@ def retry_after(value: str | None) -> float | None:
         return None
     if when.tzinfo is None:
         when = when.replace(tzinfo=timezone.utc)
-    return max(0.0, (when - datetime.now(timezone.utc)).total_seconds())
+    return clamp_delay((when - datetime.now(timezone.utc)).total_seconds())

@@ -1230,3 +1230,79 @@ async def test_a_cdn_that_refuses_connections_gets_the_usual_retries(fake: FakeH
             await f.read(fake.ref(BLOB), 0, 10)
     assert info.value.attempts == 4
     assert len(fake.cdn) == 4
+
+
+def test_absurd_server_delays_are_read_within_a_year() -> None:
+    """``Retry-After``/``RateLimit`` numbers past what a clock holds (inf, 1e18, twenty
+    digits) are read as a year; NaN and negative ones as none/now. Before, they reached
+    ``time.gmtime`` and failed the read with OverflowError/OSError."""
+    from aiostream_hf._client import _clock
+    from aiostream_hf._retry import MAX_HEADER_DELAY_S
+
+    assert _retry_after("inf") == MAX_HEADER_DELAY_S
+    assert _retry_after("1e400") == MAX_HEADER_DELAY_S
+    assert _retry_after("1e18") == MAX_HEADER_DELAY_S
+    assert _retry_after("-5") == 0.0
+    assert _retry_after("nan") is None  # not a number: backoff, as for garbage
+    assert _retry_after("Fri, 31 Dec 9999 23:59:59 GMT") == MAX_HEADER_DELAY_S
+    assert _ratelimit('"api";r=0;t=99999999999999999999') == (0, MAX_HEADER_DELAY_S)
+    assert _clock(1e18) == "a time too far ahead to tell"
+    assert _clock(0).startswith("1970-01-01")
+
+
+@pytest.mark.parametrize("header", ["inf", "1e18", "99999999999999999999"])
+async def test_a_429_asking_for_forever_is_a_rate_limited_error(fake: FakeHub, header: str) -> None:
+    async def forever(request: httpx2.Request) -> httpx2.Response | None:
+        return httpx2.Response(429, headers={"Retry-After": header})
+
+    fake.override = forever
+    async with make_fetcher(fake) as f:
+        with pytest.raises(RateLimitedError, match="max_rate_limit_wait"):
+            await f.read(fake.ref(BLOB), 0, 10)
+    assert len(fake.requests) == 1
+
+
+async def test_a_ratelimit_header_on_a_good_answer_cannot_overflow(fake: FakeHub) -> None:
+    """A good answer saying its bucket resets in 1e20 s pauses the host (read as a
+    year), and the next read is refused with RateLimitedError, not an OverflowError."""
+    data = fake.files[BLOB]
+
+    async def good_with_absurd_reset(request: httpx2.Request) -> httpx2.Response | None:
+        fake.override = None
+        try:
+            answer = await fake.handler(request)
+        finally:
+            fake.override = good_with_absurd_reset
+        answer.headers["RateLimit"] = '"api";r=0;t=99999999999999999999'
+        return answer
+
+    fake.override = good_with_absurd_reset
+    async with make_fetcher(fake, max_rate_limit_wait=1.0) as f:
+        assert await f.read(fake.ref(BLOB), 0, 10) == data[:10]
+        with pytest.raises(RateLimitedError, match="max_rate_limit_wait"):
+            await f.read(fake.ref(BLOB), 10, 20)
+
+
+async def test_a_5xx_retry_after_waits_at_most_max_rate_limit_wait(fake: FakeHub) -> None:
+    """A 503 asking for 1e12 s between retries waits at most ``max_rate_limit_wait``
+    (here 0.05 s) per retry, not the 300 s of the Hub's window; the retries run out."""
+    slept: list[float] = []
+    real_sleep = anyio.sleep
+
+    async def spy(delay: float) -> None:
+        slept.append(delay)
+        await real_sleep(0)
+
+    async def unavailable(request: httpx2.Request) -> httpx2.Response | None:
+        if request.url.host == "cdn.test":
+            return httpx2.Response(503, headers={"Retry-After": "1e12"})
+        return None
+
+    fake.override = unavailable
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(anyio, "sleep", spy)
+        async with make_fetcher(fake, max_retries=2, max_rate_limit_wait=0.05) as f:
+            with pytest.raises(RetriesExhaustedError):
+                await f.read(fake.ref(BLOB), 0, 10)
+    assert slept
+    assert max(slept) <= 0.05
