@@ -72,6 +72,7 @@ import math
 import os
 import random
 import re
+import string
 from collections import OrderedDict
 from collections.abc import (
     AsyncGenerator,
@@ -157,6 +158,16 @@ _SHUFFLE_BUFFER = 1000
 _REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 _SPLIT_RANGE = re.compile(r"^\s*(\d+)\s*:\s*(\d+)\s*$")
 _STATE_VERSION = 1
+_MAX_FPS = 1e6
+"""The largest ``fps`` of ``meta/info.json`` that is read. Cameras record tens to
+thousands of frames per second; a larger value is a damaged file, and would overflow
+the frame arithmetic (``round(delta * fps)``)."""
+_MIN_FPS = 1e-6
+"""The smallest ``fps`` read (a frame every ~12 days): below it, an episode's duration
+(``length / fps``) overflows to infinity."""
+_MAX_FIELD_WIDTH = 20
+"""The widest zero-padded field of a path template, ``{episode_index:020d}``."""
+_INT_SPEC = re.compile(r"0?(\d{1,2})?d")  # an integer field's format spec: "d", "03d", "06d"
 
 
 # -- metadata ---------------------------------------------------------------------------
@@ -988,7 +999,7 @@ async def _read_parquet(
 def _json(data: bytes, path: str, label: str) -> Any:
     try:
         return json.loads(data)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except ValueError as exc:  # not UTF-8, not JSON, or a number of over 4300 digits
         raise DecodeError(f"{label}: {path} is not JSON: {exc}") from exc
 
 
@@ -999,7 +1010,7 @@ def _jsonl(data: bytes, path: str, label: str) -> list[dict[str, Any]]:
             continue
         try:
             row = json.loads(line)
-        except json.JSONDecodeError as exc:
+        except ValueError as exc:  # not JSON, or a number of over 4300 digits
             raise DecodeError(f"{label}: line {n} of {path} is not JSON: {exc}") from exc
         if not isinstance(row, dict):
             raise DecodeError(f"{label}: line {n} of {path} is not a JSON object")
@@ -1013,11 +1024,89 @@ def _need(row: Mapping[str, Any], key: str, where: str) -> Any:
     return row[key]
 
 
-def _format(template: str, where: str, **values: Any) -> str:
-    try:
-        return template.format(**values)
-    except (KeyError, IndexError, ValueError) as exc:
-        raise DecodeError(f"{where}: cannot fill the path template {template!r}: {exc}") from exc
+@dataclass(frozen=True)
+class _PathTemplate:
+    """A path template of ``meta/info.json`` (``data_path``, ``video_path``), checked
+    before use: only plain fields of known names (integers may have a zero-padded width),
+    and every path it gives must stay inside the dataset."""
+
+    key: str
+    template: str
+    where: str  # the dataset and info.json, for messages
+
+    @classmethod
+    def parse(
+        cls, info: Mapping[str, Any], key: str, fields: Mapping[str, type], where: str
+    ) -> _PathTemplate:
+        """``info[key]``, whose fields are names of ``fields`` (``str`` or ``int`` values)."""
+        template = info.get(key)
+        if not isinstance(template, str) or not template:
+            raise DecodeError(
+                f"{where}: {key} is {template!r}, not a path template: {_INFO} must give "
+                f"{key} for this dataset's files"
+            )
+        names = ", ".join(f"{{{name}}}" for name in fields)
+        ints = [name for name, kind in fields.items() if kind is int]
+        allowed = (
+            f"a template may only hold the fields {names}, and integer fields ("
+            f"{', '.join(ints)}) a zero-padded width up to {_MAX_FIELD_WIDTH}, like "
+            f"{{{ints[0]}:03d}}: fix {key} in {_INFO}"
+        )
+        try:
+            parts = list(string.Formatter().parse(template))
+        except ValueError as exc:
+            raise DecodeError(
+                f"{where}: {key} {template!r} is not a path template ({exc}): {allowed}"
+            ) from exc
+        for _, name, spec, conversion in parts:
+            if name is None:  # literal text only
+                continue
+            if name not in fields or conversion is not None:
+                ok = False
+            elif not spec:
+                ok = True
+            else:
+                match = _INT_SPEC.fullmatch(spec)
+                ok = (
+                    fields[name] is int
+                    and match is not None
+                    and int(match.group(1) or 0) <= _MAX_FIELD_WIDTH
+                )
+            if not ok:
+                shown = (
+                    name + (f"!{conversion}" if conversion else "") + (f":{spec}" if spec else "")
+                )
+                raise DecodeError(
+                    f"{where}: {key} {template!r} has the field {{{shown}}}: {allowed}"
+                )
+        return cls(key, template, where)
+
+    def fill(self, context: str, **values: int | str) -> str:
+        """The template filled with ``values``: a clean path relative to the dataset root
+        (``context`` says which episode, for messages)."""
+        path = self.template.format(**values)
+        segments = path.split("/")
+        if "\\" in path or "\0" in path or any(s in ("", ".", "..") for s in segments):
+            raise DecodeError(
+                f"{self.where}: {self.key} {self.template!r} gives the path {path!r} for "
+                f"{context}, which is not a clean path inside the dataset (no empty, '.' or "
+                f"'..' segments, not absolute, no backslash or NUL): fix {self.key} and the "
+                f"feature names in {_INFO}"
+            )
+        return path
+
+
+def _templates(
+    root: _Root, info: Mapping[str, Any], video_keys: tuple[str, ...], fields: Mapping[str, type]
+) -> tuple[_PathTemplate, _PathTemplate | None]:
+    """The checked ``data_path`` and ``video_path`` (None without video features) of
+    ``info``, whose fields are ``fields`` (and ``video_key`` in ``video_path``)."""
+    where = f"{root.label} {_INFO}"
+    data_path = _PathTemplate.parse(info, "data_path", fields, where)
+    if not video_keys:
+        return data_path, None
+    video_fields = {"video_key": str, **fields}
+    return data_path, _PathTemplate.parse(info, "video_path", video_fields, where)
 
 
 async def _load_metadata(root: _Root, source: ByteSource) -> LeRobotMetadata:
@@ -1042,6 +1131,11 @@ async def _load_metadata(root: _Root, source: ByteSource) -> LeRobotMetadata:
     features = _need(info, "features", where)
     if isinstance(fps, bool) or not isinstance(fps, (int, float)) or fps <= 0:
         raise DecodeError(f"{where}: fps={fps!r} is not a positive number")
+    if fps > _MAX_FPS or not math.isfinite(fps) or fps < _MIN_FPS:  # a huge int: no float
+        raise DecodeError(
+            f"{where}: fps={fps!r} is not a frame rate (from {_MIN_FPS:g} to {_MAX_FPS:g} "
+            f"frames per second): fix fps in {_INFO}"
+        )
     if not isinstance(features, dict) or not all(isinstance(f, dict) for f in features.values()):
         raise DecodeError(f"{where}: 'features' is not an object of feature objects")
     video_keys = tuple(k for k, f in features.items() if f.get("dtype") == "video")
@@ -1130,23 +1224,24 @@ async def _v3_meta(
         [functools.partial(read, i, f) for i, f in [(-1, tasks_file), *enumerate(episode_files)]]
     )
     tasks = _task_texts(results.pop(-1), f"{root.label} {_TASKS_V3}")
-    data_path, video_path = str(info["data_path"]), str(info.get("video_path") or "")
+    data_path, video_path = _templates(
+        root, info, video_keys, {"chunk_index": int, "file_index": int}
+    )
     episodes: list[EpisodeInfo] = []
     for i, file in enumerate(episode_files):
         for row in results[i].to_pylist():
             where = f"{root.label} {file.path} (episode {row.get('episode_index')!r})"
             e = int(_need(row, "episode_index", where))
-            data = _format(
-                data_path,
-                where,
+            data = data_path.fill(
+                f"episode {e}",
                 chunk_index=int(_need(row, "data/chunk_index", where)),
                 file_index=int(_need(row, "data/file_index", where)),
             )
             videos: dict[str, VideoSpan] = {}
             for key in video_keys:
-                path = _format(
-                    video_path,
-                    where,
+                assert video_path is not None  # there are video keys
+                path = video_path.fill(
+                    f"the {key} video of episode {e}",
                     video_key=key,
                     chunk_index=int(_need(row, f"videos/{key}/chunk_index", where)),
                     file_index=int(_need(row, f"videos/{key}/file_index", where)),
@@ -1156,13 +1251,23 @@ async def _v3_meta(
                     float(_need(row, f"videos/{key}/from_timestamp", where)),
                     float(_need(row, f"videos/{key}/to_timestamp", where)),
                 )
+            length = int(_need(row, "length", where))
+            start = int(_need(row, "dataset_from_index", where))
+            end = int(_need(row, "dataset_to_index", where))
+            if length < 0 or start < 0 or end - start != length:
+                raise DecodeError(
+                    f"{where}: dataset_from_index={start} and dataset_to_index={end} do not "
+                    f"hold length={length} rows (dataset_to_index - dataset_from_index must be "
+                    "the length, none negative): the episodes metadata is damaged; rewrite it "
+                    "with lerobot"
+                )
             episodes.append(
                 EpisodeInfo(
                     index=e,
-                    length=int(_need(row, "length", where)),
+                    length=length,
                     tasks=tuple(str(t) for t in row.get("tasks") or ()),
-                    dataset_from_index=int(_need(row, "dataset_from_index", where)),
-                    dataset_to_index=int(_need(row, "dataset_to_index", where)),
+                    dataset_from_index=start,
+                    dataset_to_index=end,
                     data_file=_data_file(root, data, e),
                     videos=videos,
                 )
@@ -1194,7 +1299,9 @@ async def _v2_meta(
         key=lambda r: int(_need(r, "episode_index", f"{root.label} {_EPISODES_V2}")),
     )
     chunks_size = int(info.get("chunks_size") or 1000)
-    data_path, video_path = str(info["data_path"]), str(info.get("video_path") or "")
+    data_path, video_path = _templates(
+        root, info, video_keys, {"episode_chunk": int, "episode_index": int}
+    )
     episodes: list[EpisodeInfo] = []
     start = 0
     for row in rows:
@@ -1202,20 +1309,17 @@ async def _v2_meta(
         where = f"{root.label} {_EPISODES_V2} (episode {e})"
         length = int(_need(row, "length", where))
         chunk = e // chunks_size
-        data = _format(data_path, where, episode_chunk=chunk, episode_index=e)
-        videos = {
-            key: VideoSpan(
-                _video_file(
-                    root,
-                    _format(video_path, where, episode_chunk=chunk, video_key=key, episode_index=e),
-                    e,
-                    key,
-                ),
-                0.0,
-                length / fps,
+        data = data_path.fill(f"episode {e}", episode_chunk=chunk, episode_index=e)
+        videos: dict[str, VideoSpan] = {}
+        for key in video_keys:
+            assert video_path is not None  # there are video keys
+            path = video_path.fill(
+                f"the {key} video of episode {e}",
+                episode_chunk=chunk,
+                video_key=key,
+                episode_index=e,
             )
-            for key in video_keys
-        }
+            videos[key] = VideoSpan(_video_file(root, path, e, key), 0.0, length / fps)
         episodes.append(
             EpisodeInfo(
                 index=e,
@@ -1419,8 +1523,12 @@ def _split_episodes(
         index = columns["index"][rows]
         order = np.argsort(index, kind="stable")
         rows, index = rows[order], index[order]
-        expected = np.arange(episode.dataset_from_index, episode.dataset_to_index)
-        if len(rows) != episode.length or not np.array_equal(index, expected):
+        start = episode.dataset_from_index
+        if (
+            len(rows) != episode.length
+            or episode.dataset_to_index - start != len(rows)
+            or not np.array_equal(index, np.arange(start, start + len(rows)))
+        ):
             got = f"{len(rows)} rows" + (
                 f" with index {int(index[0])}-{int(index[-1])}" if len(rows) else ""
             )

@@ -31,6 +31,7 @@ import functools
 import json
 import os
 import pickle
+import shutil
 import subprocess
 import sys
 from collections.abc import Iterator, Mapping, Sequence
@@ -769,6 +770,149 @@ async def test_data_rows_that_disagree_with_the_metadata(
     s = lerobot.stream("hf://datasets/org/bad-rows", endpoint=hub.endpoint, options=options)
     with pytest.raises(DecodeError, match=r"episode 1 has 10 rows with index 20-29 in data/"):
         await collect(s)
+
+
+def local_copy(layout: LeRobotLayout, tmp_path: Path, **info_changes: Any) -> Path:
+    """A copy of ``layout`` in ``tmp_path`` with ``info_changes`` made to its info.json."""
+    folder = tmp_path / "dataset"
+    shutil.copytree(layout.path, folder)
+    info = json.loads((folder / "meta" / "info.json").read_text())
+    info.update(info_changes)
+    (folder / "meta" / "info.json").write_text(json.dumps(info))  # NaN, Infinity as Python's
+    return folder
+
+
+@pytest.mark.parametrize(
+    "fps",
+    [float("nan"), float("inf"), 1e300, 10**400, 1e6 + 1, 1e-320],
+    ids=["nan", "inf", "1e300", "10**400", "1e6+1", "1e-320"],
+)
+async def test_fps_that_is_not_a_frame_rate(
+    datasets: dict[str, LeRobotLayout], tmp_path: Path, options: StreamOptions, fps: float
+) -> None:
+    folder = local_copy(datasets["v3-av1"], tmp_path, fps=fps)
+    s = lerobot.stream(folder, delta_timestamps={"action": [0.0, 1 / 30]}, options=options)
+    with pytest.raises(DecodeError, match=r"meta/info\.json: fps=.* is not a frame rate") as caught:
+        await collect(s)
+    assert repr(fps)[:20] in str(caught.value)
+
+
+@pytest.mark.parametrize("key", ["data_path", "video_path"])
+async def test_a_missing_path_template_is_a_decode_error(
+    datasets: dict[str, LeRobotLayout], tmp_path: Path, options: StreamOptions, key: str
+) -> None:
+    folder = local_copy(datasets["v3-av1"], tmp_path, **{key: None})
+    s = lerobot.stream(folder, options=options)
+    with pytest.raises(DecodeError, match=rf"info\.json .*{key}"):
+        await collect(s)
+
+
+async def test_a_number_too_long_for_python_is_a_decode_error(
+    datasets: dict[str, LeRobotLayout], tmp_path: Path, options: StreamOptions
+) -> None:
+    """A 5000-digit integer in info.json: json.loads raises a plain ValueError (over
+    Python's 4300-digit limit), which is the file's fault: DecodeError."""
+    folder = local_copy(datasets["v3-av1"], tmp_path)
+    info = folder / "meta" / "info.json"
+    info.write_text(info.read_text()[:-1] + ', "huge": ' + "9" * 5000 + "}")
+    s = lerobot.stream(folder, options=options)
+    with pytest.raises(DecodeError, match=r"info\.json is not JSON"):
+        await collect(s)
+
+
+@pytest.mark.parametrize(
+    ("key", "template"),
+    [
+        ("video_path", "videos/{video_key.nope}/x.mp4"),
+        ("video_path", "videos/{video_key[0]}/x.mp4"),
+        ("video_path", "videos/{video_key!r}/x.mp4"),
+        ("video_path", "videos/{video_key:>9}/{chunk_index}/{file_index}.mp4"),
+        ("data_path", "data/{chunk_index:>1500000000}.parquet"),
+        ("data_path", "data/{chunk_index:021d}/{file_index}.parquet"),
+        ("data_path", "data/{chunk_index:{file_index}}.parquet"),
+        ("data_path", "data/{episode_index}.parquet"),
+        ("data_path", "data/{0}.parquet"),
+        ("data_path", "data/{chunk_index.real}.parquet"),
+        ("data_path", "data/{chunk_index"),
+    ],
+)
+async def test_path_template_with_more_than_plain_fields(
+    datasets: dict[str, LeRobotLayout],
+    tmp_path: Path,
+    options: StreamOptions,
+    key: str,
+    template: str,
+) -> None:
+    folder = local_copy(datasets["v3-av1"], tmp_path, **{key: template})
+    s = lerobot.stream(folder, options=options)
+    with pytest.raises(DecodeError) as caught:
+        await collect(s)
+    message = str(caught.value)
+    assert f"meta/info.json: {key} {template!r}" in message
+    assert "a template may only hold the fields {" in message
+    assert f"fix {key} in meta/info.json" in message
+
+
+@pytest.mark.parametrize(
+    "template",
+    [
+        "../data/chunk-{chunk_index:03d}/file-{file_index:03d}.parquet",
+        "data/../../chunk-{chunk_index:03d}/file-{file_index:03d}.parquet",
+        "/data/chunk-{chunk_index:03d}/file-{file_index:03d}.parquet",
+        "data//chunk-{chunk_index:03d}/file-{file_index:03d}.parquet",
+        "./data/chunk-{chunk_index:03d}/file-{file_index:03d}.parquet",
+        "data\\chunk-{chunk_index:03d}/file-{file_index:03d}.parquet",
+        "data/chunk-{chunk_index:03d}/file-{file_index:03d}.parquet\0",
+    ],
+)
+async def test_path_outside_a_local_dataset(
+    datasets: dict[str, LeRobotLayout], tmp_path: Path, options: StreamOptions, template: str
+) -> None:
+    folder = local_copy(datasets["v3-av1"], tmp_path, data_path=template)
+    s = lerobot.stream(folder, options=options)
+    with pytest.raises(DecodeError, match=r"is not a clean path inside the dataset") as caught:
+        await collect(s)
+    path = template.format(chunk_index=0, file_index=0)
+    assert f"data_path {template!r} gives the path {path!r}" in str(caught.value)
+
+
+async def test_video_path_into_another_repo_is_refused(
+    datasets: dict[str, LeRobotLayout], hub_root: Path, hub: HubServer, options: StreamOptions
+) -> None:
+    """A video_path climbing out of org/escape to org/v3-av1 (same endpoint and token)
+    would read the frames of the other repo; org/escape has no videos of its own."""
+    repo = copy_repo(datasets["v3-av1"], hub_root, "escape")
+    shutil.rmtree(repo / "videos")
+    info = json.loads((repo / "meta" / "info.json").read_text())
+    info["video_path"] = "../../../v3-av1/resolve/main/" + info["video_path"]
+    (repo / "meta" / "info.json").write_text(json.dumps(info))
+    s = lerobot.stream("hf://datasets/org/escape", endpoint=hub.endpoint, options=options)
+    with pytest.raises(DecodeError, match=r"is not a clean path inside the dataset") as caught:
+        await s.load_metadata()  # refused with the metadata: no frame is requested
+    await s.aclose()
+    path = f"../../../v3-av1/resolve/main/videos/{TOP}/chunk-000/file-000.mp4"
+    assert f"gives the path {path!r}" in str(caught.value)
+    assert "org/escape meta/info.json: video_path" in str(caught.value)
+
+
+async def test_episode_rows_that_disagree_with_their_length(
+    datasets: dict[str, LeRobotLayout], tmp_path: Path, options: StreamOptions
+) -> None:
+    """dataset_to_index is checked against the length before anything is sized by it."""
+    folder = local_copy(datasets["v3-av1"], tmp_path)
+    path = folder / "meta" / "episodes" / "chunk-000" / "file-000.parquet"
+    table = pq.read_table(path)
+    column = table.column_names.index("dataset_to_index")
+    ends = table.column("dataset_to_index").to_pylist()
+    ends[1] += 2**40
+    pq.write_table(table.set_column(column, "dataset_to_index", pa.array(ends, pa.int64())), path)
+    s = lerobot.stream(folder, options=options)
+    with pytest.raises(DecodeError) as caught:
+        await s.load_metadata()
+    await s.aclose()
+    message = str(caught.value)
+    assert "(episode 1): dataset_from_index=20 and dataset_to_index=" in message
+    assert f"do not hold length={LENGTHS[1]} rows" in message
 
 
 async def test_bad_selection(
