@@ -20,7 +20,9 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+import anyio
 import anyio.lowlevel
+import anyio.to_thread
 import pytest
 import webdataset as wds
 
@@ -584,3 +586,57 @@ async def test_an_unreadable_shard_follows_the_policy(hub: HubServer, tmp_path: 
         async with ashwds.stream([missing, good], options=opts, on_error="warn") as s:
             got = await collect(s)
     assert len(got) == PER_SHARD
+
+
+class _TarThenZeros:
+    """A raw server answering with ``tar`` (chunked, no length), then zero chunks of
+    64 KiB until the client goes away; it counts the bytes sent after the TAR."""
+
+    def __init__(self, tar: bytes) -> None:
+        import socket
+        import threading
+
+        self.tar = tar
+        self.after = 0
+        self.closed = threading.Event()
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self._listener.getsockname()[1]}/shard.tar"
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        conn, _ = self._listener.accept()
+        with conn:
+            conn.recv(65536)
+            head = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+            zeros = b"%x\r\n%s\r\n" % (1 << 16, bytes(1 << 16))
+            try:
+                conn.sendall(head + b"%x\r\n%s\r\n" % (len(self.tar), self.tar))
+                while self.after < 1 << 30:
+                    conn.sendall(zeros)
+                    self.after += 1 << 16
+            except OSError:
+                self.closed.set()
+
+    def close(self) -> None:
+        self._listener.close()
+
+
+async def test_a_shard_ends_at_its_end_of_archive_blocks(
+    tmp_path: Path, shard_paths: list[Path]
+) -> None:
+    """Bytes after the end-of-archive blocks (here zeros without end, on a URL with no
+    known size) are not read: the shard ends with its last sample and its response is
+    closed. Before, the stream read the zeros forever and never ended."""
+    want = reference([str(shard_paths[0])])
+    server = _TarThenZeros(shard_paths[0].read_bytes())
+    try:
+        got: list[Sample] = []
+        with anyio.fail_after(60):
+            async with ashwds.stream(server.url, options=_options(tmp_path)) as s:
+                async for x in s:
+                    got.append(x)
+        assert [x["__key__"] for x in got] == [x["__key__"] for x in want]
+        assert await anyio.to_thread.run_sync(server.closed.wait, 10)
+        assert server.after < 64 << 20  # what was in flight, not the 1 GiB on offer
+    finally:
+        server.close()

@@ -211,6 +211,9 @@ class TarReader:
     No size field is trusted: a body larger than ``max_member_size``, a pax or GNU
     long-name record larger than ``MAX_EXTENDED_HEADER_SIZE``, or a body past the
     end of the shard raises ``DecodeError`` naming the shard, the offset and the size.
+    A run of extended headers before a member keeps only what takes effect (as in
+    ``tarfile``, the outermost long name or pax key wins), and global pax headers only
+    the keys a member uses: memory and the work per member do not grow with their number.
     """
 
     def __init__(
@@ -256,8 +259,17 @@ class TarReader:
         self._offset = 0
         self._end = 0
         self._chain_start: int | None = None  # offset of pending L/K/x headers
-        self._chain: list[tuple[bytes, Any]] = []  # pending (type, long name | pax dict)
-        self._global: dict[str, str] = {}  # pax global headers ('g')
+        # What the pending L/K/x headers do to their member, taken from each as it is read,
+        # not the headers themselves (a hostile shard repeats them without end). tarfile
+        # applies the first one read (the outermost) last, so the first to set a field wins.
+        self._chain_name: str | None = None  # from the first 'L', or 'x' with a path
+        self._chain_size: int | None = None  # from the first 'x' with a size
+        self._chain_sparse = False  # an 'x' with GNU.sparse.* keys
+        # Global pax headers ('g'), reduced when read to what a member needs: the work per
+        # member does not grow with the number of global keys.
+        self._global_path: str | None = None
+        self._global_size: str | None = None
+        self._global_sparse = False
         self._ended = False
         self._closed = False
         self._error: DecodeError | None = None
@@ -532,34 +544,22 @@ class TarReader:
                 name = prefix + "/" + name
         if kind == b"\0" and name.endswith("/"):
             kind = b"5"  # old V7 tar: a directory is a regular file with a trailing slash
-        if self._global:
-            if _has_sparse(self._global):
-                raise DecodeError(f"{self.url}: GNU sparse pax headers at offset {at}")
-            if "path" in self._global:
-                name = self._global["path"].rstrip("/")
-        # Outer headers win: tarfile applies each one after reading what follows it.
-        for ext, value in reversed(self._chain):
-            if ext == b"L":
-                name = value
-            elif ext in (b"x", b"X"):
-                if _has_sparse(value):
-                    raise DecodeError(
-                        f"{self.url}: member {name!r} at offset {at} is a GNU sparse "
-                        "file, which streaming does not support"
-                    )
-                if "path" in value:
-                    name = value["path"].rstrip("/")
-                if "size" in value:
-                    try:
-                        size = int(value["size"])
-                    except ValueError:
-                        size = 0
-                    if size < 0:
-                        raise self._corrupt(at, f"negative pax size {size}")
-                    pad = -size % _BLOCK
+        if self._global_path is not None:
+            name = self._global_path.rstrip("/")
+        if self._chain_name is not None:
+            name = self._chain_name
+        if self._chain_size is not None:
+            size = self._chain_size
+            pad = -size % _BLOCK
+        if self._global_sparse or self._chain_sparse:
+            raise DecodeError(
+                f"{self.url}: member {name!r} at offset {at} is a GNU sparse file "
+                "(pax GNU.sparse.* keys), which streaming does not support"
+            )
         offset = at if self._chain_start is None else self._chain_start
         self._chain_start = None
-        self._chain.clear()
+        self._chain_name = None
+        self._chain_size = None
 
         if kind in _NO_BODY:
             return  # tarfile reads no body for these, whatever the size field says
@@ -597,17 +597,37 @@ class TarReader:
             return
         self._ext = None
         if ext == b"L":
-            self._chain.append((ext, _nts(data)))
-        elif ext == b"K":
-            pass  # a long link target: links are skipped
-        else:
-            headers = self._global if ext == b"g" else dict(self._global)
+            if self._chain_name is None:  # an inner long name is overridden: not kept
+                self._chain_name = _nts(data)
+            return
+        if ext == b"K":
+            return  # a long link target: links are skipped
+        headers: dict[str, str] = {}
+        try:
+            _parse_pax(data, headers)
+        except ValueError as exc:
+            raise self._corrupt(self._offset, f"bad pax header: {exc}") from None
+        sparse = _has_sparse(headers)  # this header's keys only, once
+        if ext == b"g":  # tarfile updates its global dict: later keys replace earlier ones
+            self._global_path = headers.get("path", self._global_path)
+            self._global_size = headers.get("size", self._global_size)
+            self._global_sparse = self._global_sparse or sparse
+            return
+        # tarfile gives an 'x' header a copy of the global dict, updated with its own keys.
+        self._chain_sparse = self._chain_sparse or sparse
+        path = headers.get("path", self._global_path)
+        if path is not None and self._chain_name is None:
+            self._chain_name = path.rstrip("/")
+        text = headers.get("size", self._global_size)
+        if text is not None:
             try:
-                _parse_pax(data, headers)
-            except ValueError as exc:
-                raise self._corrupt(self._offset, f"bad pax header: {exc}") from None
-            if ext != b"g":
-                self._chain.append((ext, headers))
+                size = int(text)
+            except ValueError:
+                size = 0  # as tarfile: a size that is not a number is 0
+            if size < 0:
+                raise self._corrupt(self._offset, f"negative pax size {size}")
+            if self._chain_size is None:
+                self._chain_size = size
 
 
 # -- grouping into samples ----------------------------------------------------------------
@@ -1126,17 +1146,21 @@ class WebDatasetDecoder(SequentialDecoder[Unit]):
         # A rendezvous: the reader holds one block ready while the parser works on the last.
         send, receive = anyio.create_memory_object_stream[bytes](0)
         failed: list[Exception] = []
+        # Cancelled at the end-of-archive blocks: what a server sends after them (the
+        # record's padding, or an endless body) is not read.
+        reading = anyio.CancelScope()
 
         async def read() -> None:
-            async with send:
-                try:
-                    async with source.iter_bytes(file, start=start.offset or 0) as blocks:
-                        async for block in blocks:
-                            await send.send(block)
-                except anyio.get_cancelled_exc_class():
-                    raise
-                except Exception as exc:  # handed to the parser, after the blocks before it
-                    failed.append(exc)
+            with reading:
+                async with send:
+                    try:
+                        async with source.iter_bytes(file, start=start.offset or 0) as blocks:
+                            async for block in blocks:
+                                await send.send(block)
+                    except anyio.get_cancelled_exc_class():
+                        raise
+                    except Exception as exc:  # handed to the parser, after the blocks before it
+                        failed.append(exc)
 
         try:
             async with anyio.create_task_group() as tg:
@@ -1148,6 +1172,9 @@ class WebDatasetDecoder(SequentialDecoder[Unit]):
                             self._report(shard)
                             if chunk is not None:
                                 await emit(chunk)
+                            if shard.reader.ended:
+                                reading.cancel()
+                                break
                     if failed:
                         raise failed[0]
                     last = await anyio.to_thread.run_sync(shard.finish)

@@ -19,6 +19,7 @@ import subprocess
 import sys
 import tarfile
 import textwrap
+import tracemalloc
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -34,6 +35,7 @@ import aiostream_hf.webdataset as ashwds
 from aiostream_hf import video
 from aiostream_hf._exceptions import DecodeError
 from aiostream_hf.formats import _mp4
+from aiostream_hf.formats import webdataset as tar_module
 from aiostream_hf.formats.parquet import (
     MAX_FOOTER_SIZE,
     TAIL_READ_SIZE,
@@ -672,6 +674,109 @@ def test_tar_real_long_records_over_the_limit_are_refused() -> None:
         tar.addfile(info, io.BytesIO(b""))
     with pytest.raises(DecodeError, match=r"pax\.tar: the extended header \('x'\) at offset 0"):
         list(iter_samples("pax.tar", [buffer.getvalue()]))
+
+
+def _tar_member(name: str, data: bytes, kind: bytes = b"0") -> bytes:
+    return _tar_header(name, len(data), kind) + data + bytes(-len(data) % 512)
+
+
+def _pax(**keys: str) -> bytes:
+    """A pax header body: records ``"%d %s=%s\\n"`` whose length counts itself."""
+    out = b""
+    for key, value in keys.items():
+        body = f" {key}={value}\n".encode()
+        n = len(body)
+        while len(str(n)) + len(body) != n:
+            n = len(str(n)) + len(body)
+        out += str(n).encode() + body
+    return out
+
+
+def _long_name(name: str) -> bytes:
+    return _tar_member("././@LongLink", name.encode() + b"\0", b"L")
+
+
+EXTENDED_CHAINS = {
+    "outer L wins over inner L": [_long_name("a.first.txt"), _long_name("b.second.txt")],
+    "outer x path wins over L": [_tar_member("p", _pax(path="p.x.txt"), b"x"), _long_name("l.txt")],
+    "outer L wins over x path": [_long_name("l.txt"), _tar_member("p", _pax(path="p.txt"), b"x")],
+    "outer x size wins": [
+        _tar_member("p", _pax(size="3"), b"x"),
+        _tar_member("p", _pax(size="700", comment="inner"), b"x"),
+    ],
+    "global path, then an L": [_tar_member("g", _pax(path="g/g.txt"), b"g"), _long_name("l.txt")],
+    "an x copies the global path": [
+        _tar_member("g", _pax(path="ga.txt"), b"g"),
+        _tar_member("p", _pax(comment="no path"), b"x"),
+        _tar_member("g", _pax(path="gb.txt"), b"g"),
+    ],
+    "a global header inside a chain": [
+        _tar_member("p", _pax(comment="no path"), b"x"),
+        _tar_member("g", _pax(path="g.txt"), b"g"),
+        _tar_member("p", _pax(mtime="1"), b"x"),
+    ],
+}
+
+
+@pytest.mark.parametrize("chain", EXTENDED_CHAINS.values(), ids=EXTENDED_CHAINS.keys())
+def test_tar_extended_header_chains_name_members_as_tarfile(chain: list[bytes]) -> None:
+    """Only what takes effect is kept of a run of L/x/g headers: the names, sizes and
+    offsets must still be tarfile's (the outermost header wins)."""
+    data = b"".join(chain) + _tar_member("short.txt", b"abc") + _tar_member("z.txt", b"z")
+    data += bytes(1024)
+    with tarfile.open(fileobj=io.BytesIO(data), mode="r|") as tar:
+        expected = []
+        for info in tar:
+            body = tar.extractfile(info)
+            assert body is not None
+            expected.append((info.name, body.read()))
+    got = TarReader("chain.tar").feed(data)
+    assert [(m.name, m.data) for m in got] == expected
+    assert got[1].offset == got[0].end
+
+
+def test_tar_global_pax_keys_are_read_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A global header with many keys must not make each later member rescan (or copy)
+    them: the keys looked at stay the global ones once plus each member's own."""
+    scanned = 0
+    has_sparse = tar_module._has_sparse
+
+    def spy(headers: dict[str, str]) -> bool:
+        nonlocal scanned
+        scanned += len(headers)
+        return has_sparse(headers)
+
+    monkeypatch.setattr(tar_module, "_has_sparse", spy)
+    keys = {f"k{i}": "" for i in range(2000)}
+    members = 50
+    data = _tar_member("g", _pax(**keys), b"g")
+    for i in range(members):
+        data += _tar_member("p", _pax(path=f"s{i}.txt"), b"x") + _tar_member("short", b"x")
+    got = TarReader("global.tar").feed(data + bytes(1024))
+    assert [m.name for m in got] == [f"s{i}.txt" for i in range(members)]
+    assert scanned <= len(keys) + members
+
+
+def test_tar_extended_header_chain_memory_is_one_record() -> None:
+    """3,000 long-name headers of 1 MiB held 3 GiB: now a reader keeps the one that takes
+    effect (the first read) while the run goes on, whatever its length."""
+    record = 64 << 10
+    names = [f"{i:03d}".ljust(record - 5, "n") + ".txt" for i in range(40)]
+    chain = b"".join(_long_name(name) for name in names)
+    comment = "c" * record
+    chain += b"".join(_tar_member("p", _pax(comment=comment), b"x") for _ in range(40))
+    reader = TarReader("chain.tar")
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        assert reader.feed(chain) == []  # 5 MiB of headers, no member yet
+        held = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert held < 4 * record  # the first name, not 80 records
+    (member,) = reader.feed(_tar_member("short.txt", b"x") + bytes(1024))
+    assert member.name == names[0]
+    assert member.offset == 0
 
 
 def _wds_reference(path: Path) -> list[dict[str, Any]]:
