@@ -37,6 +37,7 @@ on the bytes in memory: correct, not minimal.
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import functools
 import io
@@ -75,6 +76,7 @@ from .formats._arrivals import Arrivals, Span, Unfinished, merge_spans
 from .formats._mp4 import (
     BOX_HEADER_MAX,
     HEAD_READ_SIZE,
+    MAX_TOP_LEVEL_BOXES,
     TAIL_READ_SIZE,
     NoIndex,
     SampleTable,
@@ -631,18 +633,25 @@ def _local_ref(path: Path) -> FileRef:
 
 
 class _Reads:
-    """Index reads through a ByteSource, keeping what was read for the next hops."""
+    """Index reads through a ByteSource, keeping what was read for the next hops.
+
+    The buffers never overlap (only holes are read) and are kept sorted by offset, with
+    their offsets in ``starts``: finding the buffer that holds a position is a bisection,
+    so a hop costs O(log n) in the number of buffers, not a scan of them all.
+    """
 
     def __init__(self, file: FileRef, source: ByteSource, size: int, stats: dict[str, Any]) -> None:
         self.file = file
         self.source = source
         self.size = size
         self.stats = stats
-        self.buffers: list[tuple[int, bytes]] = []  # sorted by offset
+        self.buffers: list[tuple[int, bytes]] = []  # sorted by offset, disjoint
+        self.starts: list[int] = []  # the buffers' offsets, for bisection
 
     def add(self, start: int, data: bytes) -> None:
-        self.buffers.append((start, data))
-        self.buffers.sort(key=lambda b: b[0])
+        at = bisect.bisect_left(self.starts, start)
+        self.starts.insert(at, start)
+        self.buffers.insert(at, (start, data))
 
     async def get(self, start: int, end: int, *, hop: bool = False) -> bytes:
         """Bytes ``[start, end)``, reading (in one round trip) what is not held yet.
@@ -653,14 +662,20 @@ class _Reads:
         need them).
         """
         end = min(end, self.size)
+        at = bisect.bisect_right(self.starts, start) - 1
+        if at >= 0:  # one buffer holds them all (each hop within a read): no scan
+            offset, data = self.buffers[at]
+            if end <= offset + len(data):
+                return data[start - offset : end - offset]
         wanted: list[tuple[int, int]] = []
         for lo, hi in self.holes(start, end):
             if hop:
-                after = [offset for offset, _ in self.buffers if offset >= hi]
-                if after and after[0] - lo <= _HOP_REACH:
-                    hi = after[0]
+                after = bisect.bisect_left(self.starts, hi)
+                following = self.starts[after] if after < len(self.starts) else self.size
+                if after < len(self.starts) and following - lo <= _HOP_REACH:
+                    hi = following
                 else:
-                    hi = min(self.size, max(hi, lo + HEAD_READ_SIZE))
+                    hi = min(following, max(hi, lo + HEAD_READ_SIZE))
             wanted.append((lo, hi))
         if wanted:
             buffers = await _read_index(self.source, self.file, wanted)
@@ -675,27 +690,35 @@ class _Reads:
         reads covered it), else None."""
         return None if self.holes(0, self.size) else self._join(0, self.size)
 
+    def _first(self, pos: int) -> int:
+        """The index of the first buffer that ends after ``pos``."""
+        at = bisect.bisect_right(self.starts, pos) - 1
+        if at < 0:
+            return 0
+        offset, data = self.buffers[at]
+        return at if offset + len(data) > pos else at + 1
+
     def _join(self, start: int, end: int) -> bytes:
         """Bytes ``[start, end)`` from the buffers (they hold them all)."""
         pieces: list[bytes] = []
         pos = start
-        for offset, data in self.buffers:
+        for at in range(self._first(start), len(self.buffers)):
+            if pos >= end:
+                break
+            offset, data = self.buffers[at]
             if offset <= pos < offset + len(data):
                 pieces.append(data[pos - offset : end - offset])
                 pos = min(end, offset + len(data))
-                if pos >= end:
-                    break
-        return b"".join(pieces)
+        return pieces[0] if len(pieces) == 1 else b"".join(pieces)
 
     def holes(self, start: int, end: int) -> list[tuple[int, int]]:
         """The parts of ``[start, end)`` that no buffer holds."""
         holes: list[tuple[int, int]] = []
         pos = start
-        for offset, data in self.buffers:
+        for at in range(self._first(start), len(self.buffers)):
             if pos >= end:
                 break
-            if offset + len(data) <= pos:
-                continue
+            offset, data = self.buffers[at]
             if offset > pos:
                 holes.append((pos, min(offset, end)))
             pos = max(pos, offset + len(data))
@@ -827,8 +850,19 @@ async def _moov_at_end(reads: _Reads, name: str) -> SampleTable | None:
 
 
 async def _find_moov(reads: _Reads, name: str) -> SampleTable | NoIndex:
+    """Walk the top-level boxes from the start of the file to ``moov`` (at most
+    ``MAX_TOP_LEVEL_BOXES`` of them) and parse it."""
     pos = 0
+    walked = 0
     while pos < reads.size:
+        if walked == MAX_TOP_LEVEL_BOXES:
+            raise DecodeError(
+                f"{name}: corrupt or unusual MP4: no moov box among its first "
+                f"{MAX_TOP_LEVEL_BOXES} top-level boxes (MAX_TOP_LEVEL_BOXES; the last one "
+                f"walked ends at byte {pos} of {reads.size}): re-mux it with moov near the "
+                "start (ffmpeg -i in.mp4 -c copy -movflags faststart out.mp4)"
+            )
+        walked += 1
         header = await reads.get(pos, pos + BOX_HEADER_MAX, hop=True)
         box = read_box_header(header, pos, reads.size, name)
         if box.type == "moov":

@@ -1065,6 +1065,113 @@ async def test_truncated_mp4(videos: Videos, tmp_path: Path) -> None:
             pass
 
 
+def _replaced(kind: str, payload: bytes, new: dict[str, bytes]) -> bytes:
+    """One box, with the payloads of the boxes named in ``new`` replaced, inside containers."""
+    if kind in _NESTED:
+        inner = b"".join(_replaced(k, p, new) for k, p in _boxes(payload, 0, len(payload)))
+        return struct.pack(">I4s", 8 + len(inner), kind.encode()) + inner
+    payload = new.get(kind, payload)
+    return struct.pack(">I4s", 8 + len(payload), kind.encode()) + payload
+
+
+def _same_sample_offsets(data: bytes, *, empty_after_first: bool) -> bytes:
+    """A moov-at-end file with one sample per chunk, every chunk at the first sample's
+    offset, and every sample after the first made empty when ``empty_after_first``."""
+    top = _boxes(data, 0, len(data))
+    assert top[-1][0] == "moov"
+    moov_at = len(data) - len(top[-1][1]) - 8
+    table = _mp4.parse_moov(data[moov_at:], "original")
+    assert isinstance(table, _mp4.SampleTable)
+    n = table.sample_count
+    full = bytes(4)  # version and flags
+    sizes = [int(table.size[0])] + [0 if empty_after_first else int(s) for s in table.size[1:]]
+    new = {
+        "stsc": full + struct.pack(">IIII", 1, 1, 1, 1),
+        "stco": full + struct.pack(f">I{n}I", n, *[int(table.offset[0])] * n),
+        "stsz": full + struct.pack(f">II{n}I", 0, n, *sizes),
+    }
+    return data[:moov_at] + _replaced("moov", top[-1][1], new)
+
+
+async def test_samples_that_overlap_are_refused(videos: Videos, tmp_path: Path) -> None:
+    """Chunks that all point at the same bytes: a small file whose frames would feed the
+    decoder the same bytes again and again. Refused at open, naming the samples."""
+    data = videos["h264-gop25-moov-end"].path.read_bytes()
+    path = tmp_path / "overlap.mp4"
+    path.write_bytes(_same_sample_offsets(data, empty_after_first=False))
+    with pytest.raises(DecodeError) as caught:
+        async with video.open(path, fetcher=LocalSource(path)):
+            pass
+    message = str(caught.value)
+    assert "overlap.mp4: corrupt MP4: samples 0 and " in message
+    assert "of the video track overlap" in message
+    assert "re-encode" in message
+
+
+def test_empty_samples_may_share_an_offset(videos: Videos) -> None:
+    """Empty samples hold no bytes: where they point (inside another sample) is allowed."""
+    data = videos["h264-gop25-moov-end"].path.read_bytes()
+    data = _same_sample_offsets(data, empty_after_first=True)
+    top = _boxes(data, 0, len(data))
+    assert top[-1][0] == "moov"
+    table = _mp4.parse_moov(data[len(data) - len(top[-1][1]) - 8 :], "empty", len(data))
+    assert isinstance(table, _mp4.SampleTable)
+    assert np.count_nonzero(table.size) == 1
+    assert table.frame_count == 1
+    assert np.count_nonzero(table.offset == table.offset[0]) > 1  # inside sample 0
+
+
+@pytest.mark.parametrize("extra", [0, 1])
+async def test_the_walk_to_moov_stops_after_max_top_level_boxes(
+    videos: Videos, tmp_path: Path, extra: int
+) -> None:
+    """8-byte ``free`` boxes before ``moov``: with ``moov`` the MAX_TOP_LEVEL_BOXES-th
+    top-level box, the file is read; one box more and it is refused, naming the limit."""
+    oracle = videos["h264-gop25-moov-end"]
+    data = oracle.path.read_bytes()
+    top = _boxes(data, 0, len(data))
+    assert top[-1][0] == "moov"
+    moov_at = len(data) - len(top[-1][1]) - 8
+    frees = _mp4.MAX_TOP_LEVEL_BOXES - len(top) + extra  # moov is box MAX + extra
+    path = tmp_path / "frees.mp4"
+    path.write_bytes(data[:moov_at] + struct.pack(">I4s", 8, b"free") * frees + data[moov_at:])
+    if extra:
+        with pytest.raises(DecodeError) as caught:
+            async with video.open(path, fetcher=LocalSource(path)):
+                pass
+        message = str(caught.value)
+        assert "frees.mp4: corrupt or unusual MP4: no moov box among its first 10000" in message
+        assert "MAX_TOP_LEVEL_BOXES" in message
+        assert "-movflags faststart" in message
+        return
+    async with video.open(path, fetcher=LocalSource(path)) as reader:
+        times = [oracle.times[i] for i in (0, 40, 119)]
+        assert_frames(oracle, await reader.frames_at(times), times)
+        assert reader.statistics().index_requests == 1  # read whole: every hop in memory
+
+
+async def test_index_reads_join_and_fill_holes_between_many_buffers(tmp_path: Path) -> None:
+    """The reads kept at open, in any order: bytes across them are joined, and only the
+    holes between them are read."""
+    path = tmp_path / "bytes.bin"
+    blob = bytes(range(256)) * 64
+    path.write_bytes(blob)
+    source = LocalSource(path)
+    file = FileRef(url="https://example.test/bytes.bin", path="bytes.bin", size=len(blob))
+    reads = video._Reads(file, source, len(blob), {})
+    for start in (3000, 100, 2000, 1000):  # 100 bytes each, out of order
+        reads.add(start, blob[start : start + 100])
+    assert reads.starts == [100, 1000, 2000, 3000]
+    assert reads.holes(150, 2050) == [(200, 1000), (1100, 2000)]
+    assert await reads.get(1010, 1090) == blob[1010:1090]
+    assert source.calls == []
+    assert await reads.get(150, 2050) == blob[150:2050]
+    assert source.calls == [("ranges", [(200, 1000), (1100, 2000)])]
+    assert reads.holes(100, 2100) == []
+    assert await reads.get(4000, 4016, hop=True) == blob[4000:4016]
+    assert source.calls[-1] == ("ranges", [(4000, len(blob))])  # up to HEAD_READ_SIZE
+
+
 async def test_codec_pyav_cannot_decode(videos: Videos, tmp_path: Path) -> None:
     data = videos["h264-gop25-faststart"].path.read_bytes()
     path = tmp_path / "zzzz.mp4"

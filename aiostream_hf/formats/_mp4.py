@@ -6,7 +6,7 @@ the head and the tail of a file at once, walks the top-level boxes with
 
     head, tail = await fetch([(0, HEAD_READ_SIZE), (size - TAIL_READ_SIZE, size)])
     pos = 0
-    while pos < size:
+    while pos < size:  # for at most MAX_TOP_LEVEL_BOXES boxes
         box = read_box_header(bytes_at(pos, 16), pos, size, name)  # one read per hop, at most
         if box.type == "moov":
             index = parse_moov(bytes_at(box.start, box.end), name)
@@ -25,7 +25,8 @@ known decoder): the caller then decodes the file with a demuxer instead.
 No count or size read from the file is trusted: before anything is allocated, a
 table's entry count times its entry size must fit in the box that holds it, every
 box must fit in its parent (and the file), the tables must agree on the number of
-samples, every sample must lie inside the file (when its size is known), and where
+samples, every sample must lie inside the file (when its size is known) and no two
+samples may overlap (so the samples' bytes add up to no more than the file), and where
 nothing else bounds a value there is a documented limit (``MAX_SAMPLES``,
 ``MAX_BOX_DEPTH``). A file that breaks one of these raises ``DecodeError`` naming
 the file, the box and the values, so a few bytes cannot make this module allocate
@@ -55,6 +56,7 @@ __all__ = [
     "MAX_BOX_DEPTH",
     "MAX_EDITS",
     "MAX_SAMPLES",
+    "MAX_TOP_LEVEL_BOXES",
     "TAIL_READ_SIZE",
     "BoxHeader",
     "NoIndex",
@@ -84,6 +86,12 @@ an index of this many samples takes about 0.5 GiB. A track with more raises
 MAX_BOX_DEPTH = 32
 """Deepest nesting of container boxes read (a real file nests 6 deep: moov, trak,
 mdia, minf, stbl, and a sample entry)."""
+
+MAX_TOP_LEVEL_BOXES = 10_000
+"""Most top-level boxes walked from the start of a file to find ``moov`` (a real file
+has a handful: ftyp, free, mdat, moov, perhaps a few more). Without a bound, a file of
+millions of tiny boxes (8-byte ``free`` boxes) makes the walk take minutes; a file with
+more raises ``DecodeError``."""
 
 MAX_EDITS = 1024
 """Most edit list entries read from the index; a longer edit list (only a few entries
@@ -343,9 +351,9 @@ def parse_moov(
 
     Raises ``DecodeError`` naming ``name`` for a corrupt box (counts and sizes that do
     not fit their box, tables that disagree on the number of samples, a sample outside
-    the file's ``file_size`` bytes, when given), a file without a video track or an
-    encrypted one; returns ``NoIndex`` when the index cannot be used (fragmented MP4,
-    complex edit lists, a codec this module does not map).
+    the file's ``file_size`` bytes, when given, samples that overlap), a file without a
+    video track or an encrypted one; returns ``NoIndex`` when the index cannot be used
+    (fragmented MP4, complex edit lists, a codec this module does not map).
     """
     data = memoryview(moov)
     top = read_box_header(data[:BOX_HEADER_MAX], 0, len(data), name)
@@ -503,6 +511,7 @@ def _parse_track(
             f"samples in {len(chunk_offsets)} chunks, but the video track has {n} (stsz)"
         )
     _check_in_file(offsets, sizes, file_size, name)
+    _check_disjoint(offsets[:n], sizes, name)
     deltas = _runs(_table(data, boxes["stts"], name, 2), n, boxes["stts"], name)
     dts = np.zeros(n, dtype=np.int64)
     np.cumsum(deltas[:-1], out=dts[1:])
@@ -633,6 +642,30 @@ def _check_in_file(
             f"{name}: truncated or corrupt MP4: sample {i} of the video track lies at bytes "
             f"[{int(starts[i])}, {int(ends[i])}), but {where} ({len(bad)} of {n} samples "
             "lie outside the file)"
+        )
+
+
+def _check_disjoint(offsets: Int64Array, sizes: Int64Array, name: str) -> None:
+    """No two samples share a byte (empty samples aside): encoders write each sample's
+    bytes once. Samples that all point at the same region would make a small file feed
+    the decoder its size times the number of samples."""
+    held = np.flatnonzero(sizes > 0)
+    starts = offsets[held]
+    if np.any(starts[1:] < starts[:-1]):  # not in file order (rare): sort by offset
+        order = np.argsort(starts, kind="stable")
+        held, starts = held[order], starts[order]
+    ends = starts + sizes[held]
+    # Sorted by start, the samples are disjoint when each starts at or after the end of
+    # the one before: then the ends increase too, so no later sample reaches back.
+    bad = np.flatnonzero(starts[1:] < ends[:-1])
+    if len(bad):
+        first, second = int(held[bad[0]]), int(held[bad[0] + 1])
+        raise DecodeError(
+            f"{name}: corrupt MP4: samples {first} and {second} of the video track overlap "
+            f"(bytes [{int(offsets[first])}, {int(offsets[first] + sizes[first])}) and "
+            f"[{int(offsets[second])}, {int(offsets[second] + sizes[second])}); "
+            f"{len(bad)} samples overlap the one before them in the file): each sample "
+            "must have bytes of its own; re-encode the video from its source"
         )
 
 
