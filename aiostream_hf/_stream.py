@@ -212,6 +212,7 @@ class Stream(Engine["tuple[_Tag, Any]"]):
             tuple(columns) if columns else None,
             filter,
             verify_checksums=self._options.verify_checksums,
+            max_unit_bytes=self._options.prefetch_bytes,
         )
         self._batch_size = batch_size
         self._output: Output = output

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
@@ -704,3 +705,45 @@ async def test_a_rank_keeping_some_units_of_each_file_ramps_up_from_one_file(
     mine = [r for i, r in enumerate(expected) if (i % 40) // 10 == 1]
     assert rows == mine
     assert stats.by_bucket["resolvers"] == 3
+
+
+def test_the_least_a_row_group_decodes_to_counts_its_flat_fixed_widths(tmp_path: Path) -> None:
+    from aiostream_hf.formats.parquet import parse_footer, plan_row_groups
+
+    table = pa.table(
+        {
+            "i": pa.array([1, 2, 3], pa.int64()),
+            "f": pa.array([1.0, 2.0, 3.0], pa.float32()),
+            "s": pa.array(["a", "bb", ""]),
+            "l": pa.array([[1], [], [2, 3]], pa.list_(pa.int32())),  # may be empty: 0
+            "b": pa.array([True, False, True]),  # bits: 0
+            "k": pa.array([b"x" * 16] * 3, pa.binary(16)),
+        }
+    )
+    path = tmp_path / "widths.parquet"
+    pq.write_table(table, path)
+    data = path.read_bytes()
+    footer = parse_footer(data, len(data), path.name)
+    (plan,) = plan_row_groups(footer)
+    assert plan.least_decoded == 3 * (8 + 4 + 4 + 16)
+    (only_i,) = plan_row_groups(footer, ["i"])
+    assert only_i.least_decoded == 3 * 8
+
+
+async def test_a_row_group_that_decodes_past_the_budget_is_refused_before_decoding(
+    tmp_path: Path,
+) -> None:
+    """Four million equal int32 values: a file of a few KB (RLE) whose one row group
+    decodes to 16 MiB. Over prefetch_bytes it is refused at its plan, naming the way
+    out (before, a 170-byte file of this kind took 4.5 GB with prefetch_bytes of 16 MiB);
+    within it, it is read."""
+    rows = 1 << 22
+    path = tmp_path / "constant.parquet"
+    pq.write_table(pa.table({"x": pa.array(np.zeros(rows, np.int32))}), path, row_group_size=rows)
+    assert path.stat().st_size < 64 << 10
+    small = _options(tmp_path, prefetch_bytes=8 << 20)
+    with pytest.raises(ash.DecodeError, match=r"raise prefetch_bytes to at least 16,777,216"):
+        await _collect(ash.stream(str(path), options=small, output="arrow"))
+    big = _options(tmp_path, prefetch_bytes=64 << 20)
+    tables = await _collect(ash.stream(str(path), options=big, output="arrow"))
+    assert sum(t.num_rows for t in tables) == rows

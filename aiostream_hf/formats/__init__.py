@@ -113,12 +113,16 @@ class ReadRequest:
     ``pyarrow.Table`` (the stream asks for them when it hands out dict rows).
     ``verify_checksums``: check the checksums the file carries (Parquet page CRCs),
     as ``StreamOptions.verify_checksums`` says.
+    ``max_unit_bytes``: the most one decoded unit may hold (the stream's
+    ``prefetch_bytes``): a unit that surely decodes to more is refused at its plan,
+    before anything is allocated (None: no bound).
     """
 
     columns: tuple[str, ...] | None = None
     filter: Any = None  # a pyarrow.compute.Expression
     rows: bool = False
     verify_checksums: bool = True
+    max_unit_bytes: int | None = None
 
 
 @dataclass(frozen=True)

@@ -136,6 +136,10 @@ class RowGroupPlan:
     """File byte ranges ``(start, end)``, end exclusive, sorted; adjacent chunks merged."""
     uncompressed: int = 0
     """The uncompressed bytes of the column chunks read: about what the table will hold."""
+    least_decoded: int = 0
+    """Bytes the decoded table holds at the least, whatever the pages say: its rows times
+    the widths of its flat fixed-width columns (and 4-byte offsets of its flat strings).
+    Encodings (RLE, dictionaries) make it far more than ``uncompressed`` at times."""
 
     @property
     def nbytes(self) -> int:
@@ -290,6 +294,7 @@ def plan_row_groups(
         selected = [i for i in selected if i in may_match]
 
     padding = _PARQUET_816_PADDING if _needs_parquet_816_padding(footer.metadata.created_by) else 0
+    row_bytes = _least_row_bytes(footer, indices)
     plans = []
     for i in selected:
         row_group = footer.metadata.row_group(i)
@@ -305,9 +310,31 @@ def plan_row_groups(
                 column_indices=indices,
                 ranges=_merge(chunks),
                 uncompressed=sum(row_group.column(j).total_uncompressed_size for j in indices),
+                least_decoded=int(row_group.num_rows) * row_bytes,
             )
         )
     return plans
+
+
+# Bytes per value a flat (not repeated) leaf column decodes to, at the least, by its
+# physical type: fixed widths; a string's or binary's 4-byte offset; booleans as bits
+# (counted as none).
+_LEAST_VALUE_BYTES = {"INT32": 4, "FLOAT": 4, "INT64": 8, "DOUBLE": 8, "INT96": 8, "BYTE_ARRAY": 4}
+
+
+def _least_row_bytes(footer: ParquetFooter, indices: Sequence[int]) -> int:
+    """Bytes each row of the leaf columns ``indices`` decodes to, at the least."""
+    schema = footer.metadata.schema
+    total = 0
+    for i in indices:
+        column = schema.column(i)
+        if column.max_repetition_level > 0:  # a list may be empty: no bound per row
+            continue
+        if column.physical_type == "FIXED_LEN_BYTE_ARRAY":
+            total += max(0, int(column.length or 0))
+        else:
+            total += _LEAST_VALUE_BYTES.get(column.physical_type, 0)
+    return total
 
 
 _POOL: ThreadPoolExecutor | None = None
@@ -698,13 +725,23 @@ class ParquetDecoder(Decoder[ParquetUnit]):
     ) -> list[ParquetUnit]:
         footer, _, _ = await read_footer(source, file, file.url)
         plans = plan_row_groups(footer, request.columns, filter=request.filter)
+        budget = request.max_unit_bytes
+        over = next((p for p in plans if budget is not None and p.least_decoded > budget), None)
+        if over is not None:
+            raise DecodeError(
+                f"{file.path}: row group {over.row_group} has {over.num_rows:,} rows, which "
+                f"decode to at least {over.least_decoded:,} bytes, more than the readahead "
+                f"may hold (StreamOptions.prefetch_bytes={budget:,}); a row group is decoded "
+                f"whole: raise prefetch_bytes to at least {over.least_decoded:,} to read it "
+                f"({file.url})"
+            )
         return [
             ParquetUnit(
                 file,
                 p.row_group,
                 p.nbytes,
                 p.num_rows,
-                decoded=p.uncompressed,
+                decoded=max(p.uncompressed, p.least_decoded),
                 footer=footer,
                 plan=p,
             )
