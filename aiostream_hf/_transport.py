@@ -473,12 +473,26 @@ class _Tracked:
         return super().request(*args, **kwargs)  # type: ignore[misc]
 
 
+class _FinalResponse(http.client.HTTPResponse):
+    """http.client's response, skipping every interim (1xx) answer before the final one,
+    as RFC 9110 (15.2) asks: http.client skips 100-Continue only, and took a 103 Early
+    Hints for the answer. 101 (a protocol switch) is final. How many come is bounded by
+    the send's time (``_call_limit``), not by a count."""
+
+    def _read_status(self) -> tuple[str, int, str]:
+        while True:
+            version, status, reason = super()._read_status()  # type: ignore[misc]
+            if not 101 < status < 200:  # 100 is skipped by begin() itself
+                return version, status, reason
+            http.client._read_headers(self.fp)  # type: ignore[attr-defined]
+
+
 class _TrackedHTTPConnection(_Tracked, urllib3.connection.HTTPConnection):
-    pass
+    response_class = _FinalResponse
 
 
 class _TrackedHTTPSConnection(_Tracked, urllib3.connection.HTTPSConnection):
-    pass
+    response_class = _FinalResponse
 
 
 class _TrackedHTTPPool(urllib3.HTTPConnectionPool):

@@ -569,3 +569,22 @@ async def test_a_cancelled_send_shuts_its_socket_down() -> None:
         assert await anyio.to_thread.run_sync(server.closed.wait, 5)
     finally:
         server.close()
+
+
+async def test_interim_answers_before_the_final_one_are_skipped() -> None:
+    """A 103 Early Hints (and a 102) before the final answer is skipped, as RFC 9110
+    asks; before, http.client took the 103 for the answer and the read failed."""
+    from aiostream_hf._transport import ThreadedTransport
+
+    interim = b"HTTP/1.1 103 Early Hints\r\nLink: </a.css>; rel=preload\r\n\r\n"
+    interim += b"HTTP/1.1 102 Processing\r\n\r\n"
+    final = b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello"
+    server = _EndlessServer(interim + final, b"", every=3600)
+    try:
+        async with httpx2.AsyncClient(
+            transport=ThreadedTransport(2), timeout=httpx2.Timeout(5)
+        ) as http:
+            answer = await http.get(server.url)
+        assert (answer.status_code, answer.content) == (200, b"hello")
+    finally:
+        server.close()
