@@ -167,6 +167,10 @@ _MIN_FPS = 1e-6
 (``length / fps``) overflows to infinity."""
 _MAX_FIELD_WIDTH = 20
 """The widest zero-padded field of a path template, ``{episode_index:020d}``."""
+_MAX_TEMPLATE_FIELDS = 16
+"""Most fields in a path template (LeRobot's have two to four)."""
+_MAX_PATH = 4096
+"""Longest path a template may give (as the Hub's tree paths, ``MAX_PATH_LENGTH``)."""
 _INT_SPEC = re.compile(r"0?(\d{1,2})?d")  # an integer field's format spec: "d", "03d", "06d"
 
 
@@ -1024,6 +1028,20 @@ def _need(row: Mapping[str, Any], key: str, where: str) -> Any:
     return row[key]
 
 
+def _whole(row: Mapping[str, Any], key: str, where: str) -> int:
+    """``row[key]``, a whole number (a float such as 3.0 too), else a DecodeError: "abc",
+    NaN, 1e400 or null in a metadata file are not counts, and int() of them raised a
+    bare ValueError, OverflowError or TypeError."""
+    value = _need(row, key, where)
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise DecodeError(f"{where}: {key}={value!r} is not a whole number")
+    if isinstance(value, (float, np.floating)) and not (
+        math.isfinite(value) and float(value).is_integer()
+    ):
+        raise DecodeError(f"{where}: {key}={value!r} is not a whole number")
+    return int(value)
+
+
 @dataclass(frozen=True)
 class _PathTemplate:
     """A path template of ``meta/info.json`` (``data_path``, ``video_path``), checked
@@ -1058,6 +1076,12 @@ class _PathTemplate:
             raise DecodeError(
                 f"{where}: {key} {template!r} is not a path template ({exc}): {allowed}"
             ) from exc
+        fields_used = sum(1 for _, name, _, _ in parts if name is not None)
+        if len(template) > _MAX_PATH or fields_used > _MAX_TEMPLATE_FIELDS:
+            raise DecodeError(
+                f"{where}: {key} is {len(template):,} characters with {fields_used:,} fields "
+                f"(at most {_MAX_PATH:,} and {_MAX_TEMPLATE_FIELDS}): fix {key} in {_INFO}"
+            )
         for _, name, spec, conversion in parts:
             if name is None:  # literal text only
                 continue
@@ -1084,7 +1108,13 @@ class _PathTemplate:
     def fill(self, context: str, **values: int | str) -> str:
         """The template filled with ``values``: a clean path relative to the dataset root
         (``context`` says which episode, for messages)."""
-        path = self.template.format(**values)
+        path = self.template.format(**values)  # at most _MAX_TEMPLATE_FIELDS values
+        if len(path) > _MAX_PATH:
+            raise DecodeError(
+                f"{self.where}: {self.key} {self.template!r} gives a path of {len(path):,} "
+                f"characters for {context} (at most {_MAX_PATH:,}): fix {self.key} and the "
+                f"feature names in {_INFO}"
+            )
         segments = path.split("/")
         if "\\" in path or "\0" in path or any(s in ("", ".", "..") for s in segments):
             raise DecodeError(
@@ -1231,11 +1261,11 @@ async def _v3_meta(
     for i, file in enumerate(episode_files):
         for row in results[i].to_pylist():
             where = f"{root.label} {file.path} (episode {row.get('episode_index')!r})"
-            e = int(_need(row, "episode_index", where))
+            e = _whole(row, "episode_index", where)
             data = data_path.fill(
                 f"episode {e}",
-                chunk_index=int(_need(row, "data/chunk_index", where)),
-                file_index=int(_need(row, "data/file_index", where)),
+                chunk_index=_whole(row, "data/chunk_index", where),
+                file_index=_whole(row, "data/file_index", where),
             )
             videos: dict[str, VideoSpan] = {}
             for key in video_keys:
@@ -1243,17 +1273,17 @@ async def _v3_meta(
                 path = video_path.fill(
                     f"the {key} video of episode {e}",
                     video_key=key,
-                    chunk_index=int(_need(row, f"videos/{key}/chunk_index", where)),
-                    file_index=int(_need(row, f"videos/{key}/file_index", where)),
+                    chunk_index=_whole(row, f"videos/{key}/chunk_index", where),
+                    file_index=_whole(row, f"videos/{key}/file_index", where),
                 )
                 videos[key] = VideoSpan(
                     _video_file(root, path, e, key),
                     float(_need(row, f"videos/{key}/from_timestamp", where)),
                     float(_need(row, f"videos/{key}/to_timestamp", where)),
                 )
-            length = int(_need(row, "length", where))
-            start = int(_need(row, "dataset_from_index", where))
-            end = int(_need(row, "dataset_to_index", where))
+            length = _whole(row, "length", where)
+            start = _whole(row, "dataset_from_index", where)
+            end = _whole(row, "dataset_to_index", where)
             if length < 0 or start < 0 or end - start != length:
                 raise DecodeError(
                     f"{where}: dataset_from_index={start} and dataset_to_index={end} do not "
@@ -1293,21 +1323,24 @@ async def _v2_meta(
     tasks: dict[int, str] = {}
     for row in _jsonl(texts[_TASKS_V2], _TASKS_V2, root.label):
         where = f"{root.label} {_TASKS_V2}"
-        tasks[int(_need(row, "task_index", where))] = str(_need(row, "task", where))
+        tasks[_whole(row, "task_index", where)] = str(_need(row, "task", where))
     rows = sorted(
         _jsonl(texts[_EPISODES_V2], _EPISODES_V2, root.label),
-        key=lambda r: int(_need(r, "episode_index", f"{root.label} {_EPISODES_V2}")),
+        key=lambda r: _whole(r, "episode_index", f"{root.label} {_EPISODES_V2}"),
     )
-    chunks_size = int(info.get("chunks_size") or 1000)
+    in_info = f"{root.label} {_INFO}"
+    chunks_size = _whole({"chunks_size": info.get("chunks_size") or 1000}, "chunks_size", in_info)
+    if chunks_size < 1:
+        raise DecodeError(f"{in_info}: chunks_size={chunks_size} is not a positive count")
     data_path, video_path = _templates(
         root, info, video_keys, {"episode_chunk": int, "episode_index": int}
     )
     episodes: list[EpisodeInfo] = []
     start = 0
     for row in rows:
-        e = int(row["episode_index"])
+        e = _whole(row, "episode_index", f"{root.label} {_EPISODES_V2}")
         where = f"{root.label} {_EPISODES_V2} (episode {e})"
-        length = int(_need(row, "length", where))
+        length = _whole(row, "length", where)
         chunk = e // chunks_size
         data = data_path.fill(f"episode {e}", episode_chunk=chunk, episode_index=e)
         videos: dict[str, VideoSpan] = {}

@@ -1031,3 +1031,48 @@ async def test_turns_pass_in_ticket_order_and_a_ticket_given_up_passes_its_turn(
         await waiting.wait()
     pool.done(file, waiting)
     assert pool._turns == {}
+
+
+@pytest.mark.parametrize(
+    ("where", "key", "value"),
+    [
+        ("info", "chunks_size", "abc"),
+        ("info", "chunks_size", float("nan")),
+        ("info", "chunks_size", float("inf")),
+        ("episodes", "length", "abc"),
+        ("episodes", "length", float("nan")),
+        ("episodes", "episode_index", float("inf")),
+    ],
+)
+async def test_a_count_that_is_not_a_whole_number_is_a_decode_error(
+    datasets: dict[str, LeRobotLayout],
+    tmp_path: Path,
+    options: StreamOptions,
+    where: str,
+    key: str,
+    value: Any,
+) -> None:
+    """v2.1's counts come from JSON: "abc", NaN or 1e400 were given to int() and raised
+    a bare ValueError or OverflowError."""
+    if where == "info":
+        folder = local_copy(datasets["v21"], tmp_path, **{key: value})
+    else:
+        folder = local_copy(datasets["v21"], tmp_path)
+        episodes = folder / "meta" / "episodes.jsonl"
+        rows = [json.loads(line) for line in episodes.read_text().splitlines() if line.strip()]
+        rows[1][key] = value
+        episodes.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    s = lerobot.stream(folder, options=options)
+    with pytest.raises(DecodeError, match=rf"{key}=.* is not a whole number"):
+        await collect(s)
+
+
+async def test_a_template_too_long_to_fill_is_refused_before_filling(
+    datasets: dict[str, LeRobotLayout], tmp_path: Path, options: StreamOptions
+) -> None:
+    """100,000 fields in video_path (1.1 MB of info.json) filled 3 GB paths; now refused."""
+    template = "videos/" + "{video_key}" * 100_000 + ".mp4"
+    folder = local_copy(datasets["v3-av1"], tmp_path, video_path=template)
+    s = lerobot.stream(folder, options=options)
+    with pytest.raises(DecodeError, match=r"video_path is 1,100,011 characters with 100,000"):
+        await collect(s)
