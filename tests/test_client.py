@@ -284,23 +284,21 @@ async def test_a_redirect_leaves_its_connection_to_the_next_request(hub_root: Pa
     assert stats.connections == 1
 
 
-class _RedirectServer:
-    """A raw HTTP server answering every request with a 302 whose body of ``size``
-    bytes comes at once (``trickle`` None) or a byte every ``trickle`` seconds; it counts
-    its connections and the body bytes it had sent when each request came in."""
+class _RawServer:
+    """A raw HTTP server on loopback at ``url``: each connection it accepts is answered
+    by ``_answer`` on a thread of its own; it counts its connections."""
 
-    def __init__(self, size: int, trickle: float | None) -> None:
+    path = "/x"
+
+    def __init__(self) -> None:
         import socket
         import threading
 
-        self.size, self.trickle = size, trickle
         self.connections = 0
-        self.sent_before_request: list[int] = []
-        self._sent = 0
         self._stop = threading.Event()
         self._listener = socket.create_server(("127.0.0.1", 0))
         self._listener.settimeout(0.2)
-        self.url = f"http://127.0.0.1:{self._listener.getsockname()[1]}/resolve"
+        self.url = f"http://127.0.0.1:{self._listener.getsockname()[1]}{self.path}"
         self._thread = threading.Thread(target=self._serve, daemon=True)
         self._thread.start()
 
@@ -314,6 +312,28 @@ class _RedirectServer:
                 continue
             self.connections += 1
             threading.Thread(target=self._answer, args=(conn,), daemon=True).start()
+
+    def _answer(self, conn: Any) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+        self._listener.close()
+
+
+class _RedirectServer(_RawServer):
+    """Answers every request with a 302 whose body of ``size`` bytes comes at once
+    (``trickle`` None) or a byte every ``trickle`` seconds; it records the body bytes it
+    had sent when each request came in."""
+
+    path = "/resolve"
+
+    def __init__(self, size: int, trickle: float | None) -> None:
+        self.size, self.trickle = size, trickle
+        self.sent_before_request: list[int] = []
+        self._sent = 0
+        super().__init__()
 
     def _answer(self, conn: Any) -> None:
         with conn:
@@ -341,11 +361,6 @@ class _RedirectServer:
                         self._sent += 1
                 except OSError:
                     return
-
-    def close(self) -> None:
-        self._stop.set()
-        self._thread.join(5)
-        self._listener.close()
 
 
 async def test_a_redirect_with_a_body_leaves_its_connection_too() -> None:
@@ -463,44 +478,27 @@ print(json.dumps({"rows": rows, "tls": _transport.tls_context.cache_info().currs
 # -- answers that never end: every worker-thread call of a request is bounded -------------
 
 
-class _EndlessServer:
-    """A raw HTTP server that reads a request, sends ``start``, then ``step`` every
-    ``every`` seconds until the client closes its end (``closed`` is then set)."""
+class _EndlessServer(_RawServer):
+    """Reads a request, sends ``start``, then ``step`` every ``every`` seconds until the
+    client closes its end (``closed`` is then set)."""
 
     def __init__(self, start: bytes, step: bytes, every: float = 0.05) -> None:
-        import socket
         import threading
 
         self.start, self.step, self.every = start, step, every
         self.closed = threading.Event()
-        self._stop = threading.Event()
-        self._listener = socket.create_server(("127.0.0.1", 0))
-        self._listener.settimeout(0.2)
-        self.url = f"http://127.0.0.1:{self._listener.getsockname()[1]}/x"
-        self._thread = threading.Thread(target=self._serve, daemon=True)
-        self._thread.start()
+        super().__init__()
 
-    def _serve(self) -> None:
-        while not self._stop.is_set():
+    def _answer(self, conn: Any) -> None:
+        with conn:
+            conn.settimeout(5)
             try:
-                conn, _ = self._listener.accept()
-            except OSError:
-                continue
-            with conn:
-                conn.settimeout(5)
-                try:
-                    conn.recv(65536)
-                    conn.sendall(self.start)
-                    while not self._stop.wait(self.every):
-                        conn.sendall(self.step)
-                except OSError:  # the client shut its socket down
-                    self.closed.set()
-                    return
-
-    def close(self) -> None:
-        self._stop.set()
-        self._thread.join(5)
-        self._listener.close()
+                conn.recv(65536)
+                conn.sendall(self.start)
+                while not self._stop.wait(self.every):
+                    conn.sendall(self.step)
+            except OSError:  # the client shut its socket down
+                self.closed.set()
 
 
 _ENDLESS = {
