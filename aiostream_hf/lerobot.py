@@ -167,6 +167,12 @@ _MIN_FPS = 1e-6
 (``length / fps``) overflows to infinity."""
 _MAX_FIELD_WIDTH = 20
 """The widest zero-padded field of a path template, ``{episode_index:020d}``."""
+_MAX_TABLE_BYTES = 256 * 1024 * 1024
+_MAX_TABLE_EXPANSION = 64
+"""A LeRobot table (episodes metadata, a data file) is read whole: one that decodes to
+at least the larger of ``_MAX_TABLE_BYTES`` and ``_MAX_TABLE_EXPANSION`` times its file
+(by the row groups' floor, ``RowGroupPlan.least_decoded``) is refused as damaged. Real
+ones decode to a few times their size."""
 _MAX_TEMPLATE_FIELDS = 16
 """Most fields in a path template (LeRobot's have two to four)."""
 _MAX_PATH = 4096
@@ -986,6 +992,14 @@ async def _read_parquet(
     if keep is not None:
         columns = keep(footer.schema.names)
     plans = plan_row_groups(footer, columns, filter=filter)
+    least = sum(p.least_decoded for p in plans)
+    most = max(_MAX_TABLE_BYTES, _MAX_TABLE_EXPANSION * footer.file_size)
+    if least > most:
+        raise DecodeError(
+            f"{file.path} decodes to at least {least:,} bytes ({footer.num_rows:,} rows), "
+            f"over {most:,} for a file of {footer.file_size:,} bytes: a metadata or data "
+            f"table of a LeRobot dataset is read whole, and this one is damaged or not one"
+        )
     ranges = sorted({r for p in plans for r in p.ranges})
     buffers = piece_buffers(ranges, await received.read_pieces(file, ranges))
 

@@ -1076,3 +1076,19 @@ async def test_a_template_too_long_to_fill_is_refused_before_filling(
     s = lerobot.stream(folder, options=options)
     with pytest.raises(DecodeError, match=r"video_path is 1,100,011 characters with 100,000"):
         await collect(s)
+
+
+async def test_a_table_that_decodes_past_its_bound_is_refused_before_decoding(
+    datasets: dict[str, LeRobotLayout],
+    options: StreamOptions,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """LeRobot's tables are read whole: one whose row groups' floor (rows x flat fixed
+    widths) passes max(_MAX_TABLE_BYTES, _MAX_TABLE_EXPANSION x its file) is refused
+    before it is decoded (a few-byte RLE run of 2**30 rows took gigabytes). Here the
+    bound is lowered under the test data's own tables."""
+    monkeypatch.setattr(lerobot, "_MAX_TABLE_BYTES", 64)
+    monkeypatch.setattr(lerobot, "_MAX_TABLE_EXPANSION", 0)
+    s = lerobot.stream(datasets["v3-av1"].path, options=options)
+    with pytest.raises(DecodeError, match=r"decodes to at least [\d,]+ bytes .* over 64 for a"):
+        await collect(s)
