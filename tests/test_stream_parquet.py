@@ -747,3 +747,47 @@ async def test_a_row_group_that_decodes_past_the_budget_is_refused_before_decodi
     big = _options(tmp_path, prefetch_bytes=64 << 20)
     tables = await _collect(ash.stream(str(path), options=big, output="arrow"))
     assert sum(t.num_rows for t in tables) == rows
+
+
+@pytest.mark.parametrize("version", ["1.0", "2.0"])
+def test_page_headers_give_the_values_of_a_list_chunk(tmp_path: Path, version: str) -> None:
+    """The data pages' headers add up to the chunk's values (levels: an empty list is
+    one), as the footer counts them, over many pages of either data page version."""
+    from aiostream_hf.formats._pages import chunk_values
+    from aiostream_hf.formats.parquet import _chunk_range, parse_footer
+
+    rows = [[1, 2, 3], [], [4], None] * 5000
+    path = tmp_path / "lists.parquet"
+    pq.write_table(
+        pa.table({"l": pa.array(rows, pa.list_(pa.int32())), "s": ["x"] * len(rows)}),
+        path,
+        data_page_version=version,
+        data_page_size=4096,  # many pages
+    )
+    data = path.read_bytes()
+    footer = parse_footer(data, len(data), path.name)
+    chunk = footer.metadata.row_group(0).column(0)
+    start, _ = _chunk_range(footer, 0, chunk, 0)
+    end = start + chunk.total_compressed_size
+    read = lambda offset, n: data[offset : offset + n]  # noqa: E731
+    assert chunk_values(read, start, end, path.name) == chunk.num_values == 6 * 5000
+    assert chunk_values(lambda offset, n: b"\xff" * n, start, end, path.name) == 0  # garbage
+
+
+async def test_a_list_row_group_whose_pages_announce_too_many_values_is_refused(
+    tmp_path: Path,
+) -> None:
+    """One row holding four million int32 values: the footer's row count (1) bounds
+    nothing, the page headers say 16 MiB. Over prefetch_bytes it is refused before it is
+    decoded (a 148-byte file of this kind took 2.9 GB); within it, it is read."""
+    values = 1 << 22
+    path = tmp_path / "one-long-list.parquet"
+    column = pa.ListArray.from_arrays([0, values], pa.array(np.zeros(values, np.int32)))
+    pq.write_table(pa.table({"l": column}), path)
+    assert path.stat().st_size < 256 << 10
+    small = _options(tmp_path, prefetch_bytes=8 << 20)
+    with pytest.raises(ash.DecodeError, match=r"list columns' pages announce"):
+        await _collect(ash.stream(str(path), options=small, output="arrow"))
+    big = _options(tmp_path, prefetch_bytes=64 << 20)
+    tables = await _collect(ash.stream(str(path), options=big, output="arrow"))
+    assert sum(len(pc.list_flatten(t.column("l"))) for t in tables) == values

@@ -46,6 +46,7 @@ import pyarrow.parquet as pq
 from .._exceptions import DecodeError, SourceError
 from .._models import FileRef
 from . import ByteSource, Decoder, ReadRequest, Unit
+from ._pages import chunk_values
 from ._split import usable_cpus
 
 __all__ = [
@@ -322,6 +323,43 @@ def plan_row_groups(
 _LEAST_VALUE_BYTES = {"INT32": 4, "FLOAT": 4, "INT64": 8, "DOUBLE": 8, "INT96": 8, "BYTE_ARRAY": 4}
 
 
+def _value_bytes(column: Any) -> int:
+    """The least bytes one value of leaf ``column`` (a schema column) decodes to."""
+    if column.physical_type == "FIXED_LEN_BYTE_ARRAY":
+        return max(0, int(column.length or 0))
+    return _LEAST_VALUE_BYTES.get(column.physical_type, 0)
+
+
+def least_list_bytes(
+    footer: ParquetFooter, plan: RowGroupPlan, buffers: Mapping[tuple[int, int], BufferLike]
+) -> int:
+    """The least bytes the repeated (list) leaves of ``plan`` decode to, by the values
+    their data pages' headers announce (``_pages.chunk_values``): what the footer's row
+    count cannot bound (one row may hold any number of values). ``buffers`` as for
+    ``decode_row_group``."""
+    schema = footer.metadata.schema
+    lists = [
+        (i, width)
+        for i in plan.column_indices
+        if schema.column(i).max_repetition_level > 0 and (width := _value_bytes(schema.column(i)))
+    ]
+    if not lists:
+        return 0
+    row_group = footer.metadata.row_group(plan.row_group)
+    file = _RangeFile(footer.name, footer.file_size, buffers)
+
+    def read(offset: int, n: int) -> bytes:
+        file.seek(offset)
+        return bytes(file.read(n))
+
+    total = 0
+    for i, width in lists:
+        start, _ = _chunk_range(footer, plan.row_group, row_group.column(i), 0)
+        end = start + int(row_group.column(i).total_compressed_size)
+        total += width * chunk_values(read, start, end, footer.name)
+    return total
+
+
 def _least_row_bytes(footer: ParquetFooter, indices: Sequence[int]) -> int:
     """Bytes each row of the leaf columns ``indices`` decodes to, at the least."""
     schema = footer.metadata.schema
@@ -330,10 +368,7 @@ def _least_row_bytes(footer: ParquetFooter, indices: Sequence[int]) -> int:
         column = schema.column(i)
         if column.max_repetition_level > 0:  # a list may be empty: no bound per row
             continue
-        if column.physical_type == "FIXED_LEN_BYTE_ARRAY":
-            total += max(0, int(column.length or 0))
-        else:
-            total += _LEAST_VALUE_BYTES.get(column.physical_type, 0)
+        total += _value_bytes(column)
     return total
 
 
@@ -781,6 +816,19 @@ class ParquetDecoder(Decoder[ParquetUnit]):
     ) -> pa.Table:
         assert unit.footer is not None
         assert unit.plan is not None
+        budget = request.max_unit_bytes
+        if budget is not None:
+            lists = least_list_bytes(unit.footer, unit.plan, fetched)
+            if unit.plan.least_decoded + lists > budget:
+                least = unit.plan.least_decoded + lists
+                raise DecodeError(
+                    f"{unit.file.path}: row group {unit.plan.row_group} decodes to at least "
+                    f"{least:,} bytes ({lists:,} of them the values its list columns' pages "
+                    f"announce), more than the readahead may hold "
+                    f"(StreamOptions.prefetch_bytes={budget:,}); a row group is decoded "
+                    f"whole: raise prefetch_bytes to at least {least:,} to read it "
+                    f"({unit.file.url})"
+                )
         return decode_row_group(
             unit.footer,
             unit.plan,
