@@ -753,7 +753,7 @@ async def test_a_row_group_that_decodes_past_the_budget_is_refused_before_decodi
 def test_page_headers_give_the_values_of_a_list_chunk(tmp_path: Path, version: str) -> None:
     """The data pages' headers add up to the chunk's values (levels: an empty list is
     one), as the footer counts them, over many pages of either data page version."""
-    from aiostream_hf.formats._pages import chunk_values
+    from aiostream_hf.formats._thrift import chunk_values
     from aiostream_hf.formats.parquet import _chunk_range, parse_footer
 
     rows = [[1, 2, 3], [], [4], None] * 5000
@@ -791,3 +791,33 @@ async def test_a_list_row_group_whose_pages_announce_too_many_values_is_refused(
     big = _options(tmp_path, prefetch_bytes=64 << 20)
     tables = await _collect(ash.stream(str(path), options=big, output="arrow"))
     assert sum(len(pc.list_flatten(t.column("l"))) for t in tables) == values
+
+
+def test_the_row_groups_of_a_footer_are_counted_from_its_thrift(tmp_path: Path) -> None:
+    from aiostream_hf.formats._thrift import row_group_count
+
+    for columns, groups in [(1, 1), (3, 17), (200, 40)]:
+        table = pa.table({f"c{i}": list(range(groups)) for i in range(columns)})
+        path = tmp_path / f"{columns}x{groups}.parquet"
+        pq.write_table(table, path, row_group_size=1)
+        data = path.read_bytes()
+        length = int.from_bytes(data[-8:-4], "little")
+        assert row_group_count(data[-8 - length : -8], path.name) == groups
+    assert row_group_count(b"\xff" * 64, "garbage") is None
+
+
+async def test_a_footer_of_too_many_row_groups_is_refused_before_it_is_parsed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Counted from the footer's Thrift before pyarrow parses it (a 31 MB footer of a
+    million row groups took 1 GB to parse and 1.3 GB more to plan); the limit is
+    lowered here under a five-row-group file."""
+    import aiostream_hf.formats.parquet as parquet_module
+
+    monkeypatch.setattr(parquet_module, "MAX_ROW_GROUPS", 4)
+    path = tmp_path / "five.parquet"
+    pq.write_table(pa.table({"x": list(range(5))}), path, row_group_size=1)
+    with pytest.raises(ash.DecodeError, match=r"lists 5 row groups, over MAX_ROW_GROUPS=4"):
+        await _collect(ash.stream(str(path), options=_options(tmp_path)))
+    monkeypatch.setattr(parquet_module, "MAX_ROW_GROUPS", 5)
+    assert len(await _collect(ash.stream(str(path), options=_options(tmp_path)))) == 5

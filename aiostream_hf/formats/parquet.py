@@ -46,11 +46,12 @@ import pyarrow.parquet as pq
 from .._exceptions import DecodeError, SourceError
 from .._models import FileRef
 from . import ByteSource, Decoder, ReadRequest, Unit
-from ._pages import chunk_values
 from ._split import usable_cpus
+from ._thrift import chunk_values, row_group_count
 
 __all__ = [
     "MAX_FOOTER_SIZE",
+    "MAX_ROW_GROUPS",
     "BufferLike",
     "ParquetDecoder",
     "ParquetFooter",
@@ -73,6 +74,10 @@ TAIL_READ_SIZE = 64 * 1024
 MAX_FOOTER_SIZE = 128 * 1024 * 1024
 """Largest footer read (128 MiB, about a million column chunks); a file whose footer
 says more raises ``DecodeError`` before it is read. Footers are usually kilobytes."""
+
+MAX_ROW_GROUPS = 100_000
+"""Most row groups a footer may list, counted before pyarrow parses it (into about 50
+times its bytes) and before each is planned. Files have a few to a few thousand."""
 
 _MAGIC = b"PAR1"
 _MAGIC_ENCRYPTED = b"PARE"
@@ -207,6 +212,13 @@ def parse_footer(tail: BufferLike, file_size: int, name: str) -> ParquetFooter:
             f"the footer of {name} is {length} bytes but only the last {len(view)} "
             f"were given: read bytes [{file_size - length}, {file_size - len(view)}) too"
         )
+    groups = row_group_count(bytes(view[len(view) - length : len(view) - _TRAILER]), name)
+    if groups is not None and groups > MAX_ROW_GROUPS:
+        raise DecodeError(
+            f"{name}: its footer lists {groups:,} row groups, over MAX_ROW_GROUPS="
+            f"{MAX_ROW_GROUPS:,} (a footer is parsed whole, to about 50 times its "
+            f"{length:,} bytes): rewrite the file with larger row groups"
+        )
     metadata_file = pa.py_buffer(_MAGIC + view[len(view) - length :])
     try:
         with pq.ParquetFile(pa.BufferReader(metadata_file)) as pf:
@@ -334,7 +346,7 @@ def least_list_bytes(
     footer: ParquetFooter, plan: RowGroupPlan, buffers: Mapping[tuple[int, int], BufferLike]
 ) -> int:
     """The least bytes the repeated (list) leaves of ``plan`` decode to, by the values
-    their data pages' headers announce (``_pages.chunk_values``): what the footer's row
+    their data pages' headers announce (``_thrift.chunk_values``): what the footer's row
     count cannot bound (one row may hold any number of values). ``buffers`` as for
     ``decode_row_group``."""
     schema = footer.metadata.schema

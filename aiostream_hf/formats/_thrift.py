@@ -1,6 +1,12 @@
-"""Parquet page headers: how many values a column chunk's data pages say they hold.
+"""Parquet's Thrift metadata, read by hand where pyarrow would allocate first.
 
     values = chunk_values(read, start, end, name)   # read(offset, n) -> bytes
+    groups = row_group_count(footer_thrift, name)   # before pyarrow parses the footer
+
+pyarrow parses a footer whole, into about 50 times its bytes for one of many row
+groups (a 31 MB footer of a million row groups: 1 GB); ``row_group_count`` reads only
+the length of its ``row_groups`` list (FileMetaData field 4), skipping the schema
+before it, so a footer can be refused by its count first.
 
 A footer's row count bounds nothing for a repeated (list) column: one row may hold any
 number of values, and Arrow decodes every value a data page announces. The page
@@ -15,15 +21,18 @@ only through ``read``: no I/O of its own.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 
 from .._exceptions import DecodeError
 
-__all__ = ["chunk_values"]
+__all__ = ["chunk_values", "row_group_count"]
 
 # Compact-protocol field types.
 _TRUE, _FALSE, _BYTE, _I16, _I32, _I64, _DOUBLE, _BINARY = 1, 2, 3, 4, 5, 6, 7, 8
 _LIST, _SET, _MAP, _STRUCT = 9, 10, 11, 12
+# FileMetaData's field of the row groups (parquet.thrift).
+_ROW_GROUPS = 4
 # PageHeader fields (parquet.thrift): the compressed size, and the page kinds that
 # carry a num_values (data page v1 and v2; a dictionary page's values are not rows).
 _COMPRESSED_SIZE, _DATA_PAGE, _DATA_PAGE_V2 = 3, 5, 8
@@ -178,3 +187,27 @@ def chunk_values(read: Callable[[int, int], bytes], start: int, end: int, name: 
             return total
         total += values
     return total
+
+
+def row_group_count(data: bytes, name: str) -> int | None:
+    """How many row groups the footer's Thrift ``FileMetaData`` in ``data`` lists, read
+    from its list's header alone; None when ``data`` does not read as one (pyarrow then
+    says what is wrong)."""
+    header = _Header(data, name)
+    found: list[int] = []
+
+    def row_groups(field: int, kind: int, depth: int) -> bool:
+        if field != _ROW_GROUPS or kind != _LIST:
+            return False
+        head = header.byte()
+        size = head >> 4
+        found.append(header.varint() if size == 15 else size)
+        raise _Found
+
+    with contextlib.suppress(_Found, _Truncated, DecodeError):
+        header.struct(0, row_groups)
+    return found[0] if found else None
+
+
+class _Found(Exception):
+    """The count is read: the rest of the footer is not."""
