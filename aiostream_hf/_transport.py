@@ -160,6 +160,8 @@ class ThreadedTransport(httpx2.AsyncBaseTransport):
                     handoff.abandon()
                     raise
         except TimeoutError:
+            if limit is None:  # not this bound's (none was set): as it came
+                raise
             raise httpx2.ReadTimeout(
                 f"no whole response head within {limit:.0f} s", request=request
             ) from None
@@ -258,6 +260,8 @@ class _Body(httpx2.AsyncByteStream):
                     _shut_down(self._answer)  # unblocks the abandoned read
                     raise
         except TimeoutError:
+            if limit is None:  # not this bound's (none was set): as it came
+                raise
             raise httpx2.ReadTimeout(
                 f"one read of the body took over {limit:.0f} s", request=self._request
             ) from None

@@ -50,7 +50,7 @@ class _Truncated(Exception):
 class _Header:
     """Reads one compact-protocol ``PageHeader`` from ``data`` (bytes at hand)."""
 
-    def __init__(self, data: bytes, name: str) -> None:
+    def __init__(self, data: bytes | memoryview, name: str) -> None:
         self.data = data
         self.name = name
         self.pos = 0
@@ -189,7 +189,7 @@ def chunk_values(read: Callable[[int, int], bytes], start: int, end: int, name: 
     return total
 
 
-def row_group_count(data: bytes, name: str) -> int | None:
+def row_group_count(data: bytes | memoryview, name: str) -> int | None:
     """How many row groups the footer's Thrift ``FileMetaData`` in ``data`` lists, read
     from its list's header alone; None when ``data`` does not read as one (pyarrow then
     says what is wrong)."""

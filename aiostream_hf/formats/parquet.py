@@ -76,8 +76,8 @@ MAX_FOOTER_SIZE = 128 * 1024 * 1024
 says more raises ``DecodeError`` before it is read. Footers are usually kilobytes."""
 
 MAX_ROW_GROUPS = 100_000
-"""Most row groups a footer may list, counted before pyarrow parses it (into about 50
-times its bytes) and before each is planned. Files have a few to a few thousand."""
+"""Most row groups a footer may list, counted before pyarrow parses it (into many times
+its bytes) and before each is planned. Files have a few to a few thousand."""
 
 _MAGIC = b"PAR1"
 _MAGIC_ENCRYPTED = b"PARE"
@@ -212,11 +212,11 @@ def parse_footer(tail: BufferLike, file_size: int, name: str) -> ParquetFooter:
             f"the footer of {name} is {length} bytes but only the last {len(view)} "
             f"were given: read bytes [{file_size - length}, {file_size - len(view)}) too"
         )
-    groups = row_group_count(bytes(view[len(view) - length : len(view) - _TRAILER]), name)
+    groups = row_group_count(view[len(view) - length : len(view) - _TRAILER], name)
     if groups is not None and groups > MAX_ROW_GROUPS:
         raise DecodeError(
             f"{name}: its footer lists {groups:,} row groups, over MAX_ROW_GROUPS="
-            f"{MAX_ROW_GROUPS:,} (a footer is parsed whole, to about 50 times its "
+            f"{MAX_ROW_GROUPS:,} (a footer is parsed whole, into many times its "
             f"{length:,} bytes): rewrite the file with larger row groups"
         )
     metadata_file = pa.py_buffer(_MAGIC + view[len(view) - length :])
@@ -370,6 +370,16 @@ def least_list_bytes(
         end = start + int(row_group.column(i).total_compressed_size)
         total += width * chunk_values(read, start, end, footer.name)
     return total
+
+
+def _over_budget(file: FileRef, row_group: int, least: int, why: str, budget: int) -> DecodeError:
+    """The error of a row group that surely decodes to more than ``budget`` bytes."""
+    return DecodeError(
+        f"{file.path}: row group {row_group} decodes to at least {least:,} bytes ({why}), "
+        f"more than the readahead may hold (StreamOptions.prefetch_bytes={budget:,}); a "
+        f"row group is decoded whole: raise prefetch_bytes to at least {least:,} to read "
+        f"it ({file.url})"
+    )
 
 
 def _least_row_bytes(footer: ParquetFooter, indices: Sequence[int]) -> int:
@@ -775,13 +785,9 @@ class ParquetDecoder(Decoder[ParquetUnit]):
         budget = request.max_unit_bytes
         over = next((p for p in plans if budget is not None and p.least_decoded > budget), None)
         if over is not None:
-            raise DecodeError(
-                f"{file.path}: row group {over.row_group} has {over.num_rows:,} rows, which "
-                f"decode to at least {over.least_decoded:,} bytes, more than the readahead "
-                f"may hold (StreamOptions.prefetch_bytes={budget:,}); a row group is decoded "
-                f"whole: raise prefetch_bytes to at least {over.least_decoded:,} to read it "
-                f"({file.url})"
-            )
+            assert budget is not None
+            why = f"{over.num_rows:,} rows"
+            raise _over_budget(file, over.row_group, over.least_decoded, why, budget)
         return [
             ParquetUnit(
                 file,
@@ -831,16 +837,10 @@ class ParquetDecoder(Decoder[ParquetUnit]):
         budget = request.max_unit_bytes
         if budget is not None:
             lists = least_list_bytes(unit.footer, unit.plan, fetched)
-            if unit.plan.least_decoded + lists > budget:
-                least = unit.plan.least_decoded + lists
-                raise DecodeError(
-                    f"{unit.file.path}: row group {unit.plan.row_group} decodes to at least "
-                    f"{least:,} bytes ({lists:,} of them the values its list columns' pages "
-                    f"announce), more than the readahead may hold "
-                    f"(StreamOptions.prefetch_bytes={budget:,}); a row group is decoded "
-                    f"whole: raise prefetch_bytes to at least {least:,} to read it "
-                    f"({unit.file.url})"
-                )
+            least = unit.plan.least_decoded + lists
+            if least > budget:
+                why = f"{lists:,} bytes of them the values its list columns' pages announce"
+                raise _over_budget(unit.file, unit.plan.row_group, least, why, budget)
         return decode_row_group(
             unit.footer,
             unit.plan,
