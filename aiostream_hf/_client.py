@@ -55,6 +55,7 @@ import httpx2
 from anyio.lowlevel import RunVar
 
 from .__version__ import __version__
+from ._access import auth_headers, origin
 from ._exceptions import ClosedResourceError, RateLimitedError, SourceError, UnreachableError
 from ._quota import GO, PROBE, Pacing, SharedQuota, bucket_of
 from ._retry import MAX_HEADER_DELAY_S, backoff_delay, clamp_delay, retry_after
@@ -79,6 +80,8 @@ __all__ = [
 MAX_SERVER_DELAY_S = 300.0
 #: A host pause at least this long is logged (WARNING).
 LOG_PAUSE_S = 5.0
+#: Retries of requests to one host are logged (WARNING) at most once per this many seconds.
+LOG_RETRY_EVERY_S = 5.0
 #: A host that never answered and refuses connections (or has no DNS name) gets one
 #: more try after this many seconds, then ``UnreachableError``.
 UNREACHABLE_RETRY_S = 0.2
@@ -128,16 +131,6 @@ class ClientStatistics:
     max_connections: int
 
 
-# Every request asks, of the few URLs in use (a file's own, its CDN URL): each is parsed
-# once. Few entries, for a server's URLs can be long (a redirect's Location).
-@functools.lru_cache(maxsize=64)
-def origin(url: str) -> tuple[str, str, int]:
-    """(scheme, host, port) of a URL: what a token is scoped to, and a gate keyed by."""
-    u = httpx2.URL(url)
-    default = {"http": 80, "https": 443}.get(u.scheme, 0)
-    return u.scheme, u.host.lower(), u.port or default
-
-
 @functools.lru_cache(maxsize=64)
 def _url_path(url: str) -> str:
     return httpx2.URL(url).path
@@ -147,13 +140,6 @@ def host_key(url: str) -> str:
     """The key of ``url``'s host gate: "name:port"."""
     _, host, port = origin(url)
     return f"{host}:{port}"
-
-
-def auth_headers(url: str, token: str | None, endpoint: str) -> dict[str, str]:
-    """The Authorization header for ``url``: only when it is on ``endpoint``'s origin."""
-    if token and origin(url) == origin(endpoint):
-        return {"Authorization": f"Bearer {token}"}
-    return {}
 
 
 def ratelimit(value: str | None) -> tuple[int, float] | None:
@@ -279,6 +265,7 @@ class HubClient:
         self._paced = 0
         self._paced_seconds = 0.0
         self._logged_windows: dict[Path, float] = {}
+        self._logged_retries: dict[str, tuple[float, int]] = {}  # host -> (logged at, quiet)
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -614,6 +601,34 @@ class HubClient:
 
     # -- the retry policy --------------------------------------------------------------------
 
+    def note_retry(self, url: str, why: str, attempt: int, most: int, delay: float) -> None:
+        """A request to ``url`` failed (``why``) and is retried: one WARNING line, at most
+        one per host every ``LOG_RETRY_EVERY_S`` (the others are counted in the next), so
+        that a silent or failing endpoint is never silent. A 429's wait is the host's
+        pause, logged apart (``note_response``)."""
+        try:
+            host = host_key(url)
+        except httpx2.InvalidURL:
+            host = "?"
+        now = time.monotonic()
+        logged_at, quiet = self._logged_retries.get(host, (float("-inf"), 0))
+        if now - logged_at < LOG_RETRY_EVERY_S:
+            self._logged_retries[host] = (logged_at, quiet + 1)
+            return
+        if len(self._logged_retries) > 64:
+            self._logged_retries.clear()
+        self._logged_retries[host] = (now, 0)
+        more = f" ({quiet} more retries to {host} since the last line)" if quiet else ""
+        logger.warning(
+            "%s: %s; retry %d of %d in %.1f s%s",
+            _short_url(url),
+            why,
+            attempt,
+            most,
+            delay,
+            more,
+        )
+
     def backoff(self, failures: int, base: float, cap: float) -> float:
         """Jittered exponential backoff before retry number ``failures``."""
         return backoff_delay(failures, base, cap, self._rng)
@@ -688,6 +703,12 @@ class _Ticket:
         self.sent_at = sent_at  # wall clock
         self.probe = probe
         self.answered = False
+
+
+def _short_url(url: str, limit: int = 200) -> str:
+    """A URL for a log line: without its query (a signed URL's signature), and short."""
+    base = url.split("?", 1)[0]
+    return base if len(base) <= limit else base[: limit - 3] + "..."
 
 
 def _clock(epoch_seconds: float) -> str:

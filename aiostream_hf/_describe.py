@@ -256,11 +256,12 @@ def _s3_folder(source: str) -> str | None:
 
 
 async def _exists(url: str, *, token: str | None, endpoint: str | None, client: HubClient) -> bool:
-    from ._fetcher import RangeFetcher
+    from ._engine import open_readers
+    from ._options import StreamOptions
 
-    async with RangeFetcher(token=token, endpoint=endpoint, client=client) as fetcher:
+    async with open_readers(StreamOptions(), token=token, endpoint=endpoint, client=client) as r:
         try:
-            await fetcher.read_tail(FileRef(url, _INFO), 1)
+            await r.fetcher.read_tail(FileRef(url, _INFO), 1)
         except FetchError as exc:
             if exc.status == 404:
                 return False

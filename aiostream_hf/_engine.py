@@ -33,6 +33,7 @@ import anyio
 from anyio.abc import TaskGroup, TaskStatus
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
+from ._access import Access, check_token, find_access, normalize_endpoint
 from ._bridge import SyncIterator
 from ._client import HubClient, use_client
 from ._exceptions import ClosedResourceError, SourceError, UsageError
@@ -217,23 +218,29 @@ class Readers:
     client: HubClient
     resolver: Resolver
     fetcher: RangeFetcher
+    access: Access
 
 
 @contextlib.asynccontextmanager
 async def open_readers(
     options: StreamOptions,
     *,
-    token: str | None,
+    token: str | bool | None,
     endpoint: str | None,
     client: HubClient | None = None,
+    access: Access | None = None,
 ) -> AsyncIterator[Readers]:
-    """A resolver and a fetcher over ``client`` (else the event loop's shared one)."""
+    """A resolver and a fetcher over ``client`` (else the event loop's shared one), both
+    with one ``Access``: ``access`` if given, else found now from ``token``/``endpoint``
+    and the environment (``find_access``). Every entry point builds its readers here."""
+    if access is None:
+        access = await find_access(token, endpoint)
     async with (
         use_client(client) as hub,
-        Resolver(options=options, client=hub) as resolver,
-        RangeFetcher(options, token=token, endpoint=endpoint, client=hub) as fetcher,
+        Resolver(options=options, client=hub, access=access) as resolver,
+        RangeFetcher(options, access=access, client=hub) as fetcher,
     ):
-        yield Readers(hub, resolver, fetcher)
+        yield Readers(hub, resolver, fetcher, access)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -279,7 +286,7 @@ class Engine(ABC, Generic[T]):
         rank: int | None,
         world_size: int | None,
         options: StreamOptions | None,
-        token: str | None,
+        token: str | bool | None,
         endpoint: str | None,
         client: HubClient | None,
     ) -> None:
@@ -290,8 +297,12 @@ class Engine(ABC, Generic[T]):
         self._seed = seed
         self._rank, self._world_size = rank_and_world(rank, world_size)
         self._options = options or StreamOptions()
+        # Explicit values are checked now; the environment is read when an iteration
+        # opens its readers (``open_readers``), so a later HF_TOKEN or HF_ENDPOINT counts.
+        if token is not None and not isinstance(token, bool):
+            check_token(token)
         self._token = token
-        self._endpoint = endpoint
+        self._endpoint = None if endpoint is None else normalize_endpoint(endpoint)
         self._client = client
         self._epoch = 0
         self._closed = False
@@ -352,7 +363,7 @@ class Engine(ABC, Generic[T]):
         self,
         options: StreamOptions,
         *,
-        token: str | None,
+        token: str | bool | None,
         endpoint: str | None,
         client: HubClient | None,
     ) -> AsyncIterator[Readers]:

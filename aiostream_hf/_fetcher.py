@@ -77,7 +77,8 @@ import httpx2
 import pyarrow as pa
 
 from . import _s3
-from ._client import HubClient, Pending, RequestSigner, Route, auth_headers, origin
+from ._access import Access, auth_headers, check_token, default_endpoint, normalize_endpoint, origin
+from ._client import HubClient, Pending, RequestSigner, Route
 from ._exceptions import (
     AiostreamError,
     ClosedResourceError,
@@ -89,7 +90,7 @@ from ._exceptions import (
 )
 from ._models import FileRef
 from ._options import StreamOptions
-from ._retry import retry_after
+from ._retry import retry_after, retryable_status
 from ._transport import READINTO
 from ._versions import Version, normalize_etag
 
@@ -102,7 +103,6 @@ Buffer: TypeAlias = bytes | pa.Buffer
 
 REQUEST_KINDS = ("resolve", "range", "stream", "local")
 _REDIRECTS = frozenset({301, 302, 303, 307, 308})
-_RETRY_STATUSES = frozenset({408, 429})
 _CDN_DENIED = frozenset({401, 403, 410})
 _MAX_HOPS = 10
 # Re-resolve a cached CDN URL this many seconds before its ``expires=``.
@@ -184,10 +184,12 @@ def coalesce_ranges(
 class RangeFetcher:
     """The HTTP range reader every decoder uses: one client, bounded concurrency.
 
-    ``options`` sets concurrency, range sizes and retry patience. ``token`` is
-    sent as ``Authorization: Bearer`` to ``endpoint``'s host only (default:
-    huggingface_hub's endpoint, from ``HF_ENDPOINT``). ``transport`` replaces
-    the network (``httpx2.MockTransport`` in unit tests).
+    ``options`` sets concurrency, range sizes and retry patience. ``access`` (the
+    stream's ``Access``, found once when it opened: ``find_access``) gives the token,
+    sent as ``Authorization: Bearer`` to its endpoint's origin only; or pass ``token``
+    and ``endpoint`` themselves (no token is looked up here; the endpoint defaults to
+    ``HF_ENDPOINT`` as it is now). ``transport`` replaces the network
+    (``httpx2.MockTransport`` in unit tests).
 
     Create one per event loop and close it (``async with`` or ``aclose()``);
     a closed fetcher raises ``ClosedResourceError``.
@@ -197,22 +199,26 @@ class RangeFetcher:
         self,
         options: StreamOptions | None = None,
         *,
+        access: Access | None = None,
         token: str | None = None,
         endpoint: str | None = None,
         transport: httpx2.AsyncBaseTransport | None = None,
         client: HubClient | None = None,
     ) -> None:
         self.options = options if options is not None else StreamOptions()
-        if endpoint is None:
-            from huggingface_hub import constants
-
-            endpoint = constants.ENDPOINT
-        self._token = token
-        self._endpoint = endpoint
-        try:
-            self._hub_origin = origin(endpoint)
-        except httpx2.InvalidURL as exc:
-            raise SourceError(f"endpoint={endpoint!r} is not a URL: {exc}") from exc
+        if access is None:
+            # Explicit values only: a stream hands its readers the Access it found once
+            # (``find_access``); the endpoint's default is HF_ENDPOINT as it is now.
+            access = Access(
+                default_endpoint() if endpoint is None else normalize_endpoint(endpoint),
+                None if token is None else check_token(token),
+            )
+        elif token is not None or endpoint is not None:
+            raise SourceError("RangeFetcher: pass access= or token=/endpoint=, not both")
+        self.access = access
+        self._token = access.token
+        self._endpoint = access.endpoint
+        self._hub_origin = origin(access.endpoint)
         n = self.options.max_concurrency
         if client is not None and transport is not None:
             raise SourceError("RangeFetcher: pass a client or a transport, not both")
@@ -974,10 +980,17 @@ class _Transfer:
                 attempts=self.failures,
             ) from retry.error
         self.fetcher._retries += 1
-        if retry.sleep:
-            delay = self.fetcher._retry_delay(self.failures, retry.delay)
-            if delay > 0:
-                await anyio.sleep(delay)
+        delay = self.fetcher._retry_delay(self.failures, retry.delay) if retry.sleep else 0.0
+        if retry.status != 429:  # a 429's wait is the host's pause, logged with it
+            self.fetcher.client.note_retry(
+                self.last_url,
+                _failure(retry),
+                self.failures,
+                self.fetcher.options.max_retries,
+                delay,
+            )
+        if delay > 0:
+            await anyio.sleep(delay)
 
     def range_header(self) -> str:
         if self.pos is None:
@@ -1123,7 +1136,7 @@ class _Transfer:
                 url=file.url,
                 status=status,
             )
-        if status in _RETRY_STATUSES or 500 <= status <= 599:
+        if retryable_status(status):
             delay = retry_after(headers.get("Retry-After"))
             return _Retry(status, delay, sleep=status != 429)
         if status == 416:
@@ -1273,10 +1286,13 @@ class _Transfer:
         if status == 404:
             message = f"{file.path}: not found: HTTP 404 from {where}{note}"
         elif status in (401, 403) and self.fetcher._is_hub(url):
+            access = self.fetcher.access
             fix = (
-                "the token given cannot read it: request access to the repo or use another token"
-                if self.fetcher._token
-                else "pass a token (token=... or `hf auth login`) that can read the repo"
+                f"the token (from {access.token_source or 'token='}) cannot read it: "
+                "request access to the repo or use another token"
+                if access.token
+                else "no token was sent: pass token=, set HF_TOKEN or log in with "
+                "`hf auth login`, with a token that can read the repo"
             )
             message = f"{file.path}: HTTP {status} from {where}{note}: {fix}"
         elif status in (401, 403) and url == file.url and self.fetcher._token:
@@ -1508,6 +1524,19 @@ def _assemble(
             j += 1
         out.append(pieces[0] if len(pieces) == 1 else b"".join(pieces))
     return out
+
+
+def _failure(retry: _Retry) -> str:
+    """What went wrong, for a retry's log line."""
+    if retry.status is not None:
+        return f"HTTP {retry.status}"
+    if retry.error is not None:
+        return (
+            f"{type(retry.error).__name__}: {retry.error}"
+            if str(retry.error)
+            else (type(retry.error).__name__)
+        )
+    return "the body ended early"
 
 
 def _copy_error(exc: FetchError) -> FetchError:

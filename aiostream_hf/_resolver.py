@@ -90,7 +90,8 @@ import httpx2
 import yaml
 
 from . import _s3
-from ._client import HubClient, RequestSigner, auth_headers, host_key, origin
+from ._access import DEFAULT_ENDPOINT, Access, auth_headers, find_access, origin
+from ._client import HubClient, RequestSigner, host_key
 from ._exceptions import (
     ClosedResourceError,
     ConfigNotFoundError,
@@ -104,7 +105,7 @@ from ._exceptions import (
 )
 from ._models import FileRef, Manifest
 from ._options import StreamOptions
-from ._retry import retry_after
+from ._retry import retry_after, retryable_status
 from ._sources import (
     HubSource,
     LocalSource,
@@ -134,9 +135,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger("aiostream_hf.resolver")
-
-#: The Hub used when neither ``endpoint=`` nor ``HF_ENDPOINT`` names another.
-DEFAULT_ENDPOINT = "https://huggingface.co"
 
 #: Data file extensions this project streams, and the format (decoder) of each. A file
 #: counts when any of its suffixes is listed (``a.tar.gz`` counts as ``.tar``, as in
@@ -178,11 +176,9 @@ MAX_REDIRECTS = 10
 _SHA = re.compile(r"^[0-9a-f]{40}$")
 _OID = re.compile(r"^(?:[0-9a-f]{40}|[0-9a-f]{64})$")
 _MAX_FILE_SIZE = 2**63 - 1
-_RETRY_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
 # In-memory caches are bounded by the files they hold (a pin or a card counts as one).
 _MEMORY_WEIGHT = 2_000_000
 _LISTING_WEIGHT = 2_000_000
-_TRUE = frozenset({"1", "on", "yes", "true"})
 # The on-disk cache is the user's alone: its folder, its entries and its lock files.
 _FOLDER_MODE = 0o700
 _FILE_MODE = 0o600
@@ -335,35 +331,19 @@ class _Counts:
 
 
 class _Call:
-    """One resolve() call: its token, looked up once (before the first Hub source's cache
-    keys, which carry its identity), and whether it already waited for another task
-    (counted once per call)."""
+    """One resolve() call: its access (endpoint and token, found once when the call or
+    its stream began) and whether it already waited for another task (counted once)."""
 
-    def __init__(self, token: str | bool | None) -> None:
-        self._given = token
-        self._found = False
-        self._token: str | None = None
-        self._identity = ""
+    def __init__(self, access: Access) -> None:
+        self.access = access
         self.waited = False
 
     async def token(self) -> str | None:
-        if not self._found:
-            self._token = await _find_token(self._given)
-            self._identity = _identity(self._token)
-            self._found = True
-        return self._token
+        return self.access.token
 
     async def identity(self) -> str:
-        """Whose cache entries this call may read: see ``_identity``."""
-        await self.token()
-        return self._identity
-
-
-def _identity(token: str | None) -> str:
-    """A token's identity in cache keys: a truncated sha256 of it ("" for no token)."""
-    if not token:
-        return ""
-    return hashlib.sha256(token.encode("utf-8", "surrogatepass")).hexdigest()[:32]
+        """Whose cache entries this call may read: see ``Access.identity``."""
+        return self.access.identity
 
 
 class Resolver:
@@ -376,6 +356,8 @@ class Resolver:
     that a 429 pauses its host for the resolver and the fetcher alike; by default the
     Resolver makes its own and closes it in ``aclose()``. ``options`` gives the cache
     folder (``StreamOptions.resolved_cache_dir()``), ``pin_ttl``, retries and timeout.
+    ``access``: the endpoint and token of calls that name neither (a stream's readers
+    share the one found when it opened); without it each call finds its own.
     One Resolver belongs to one event loop; share it between the tasks of that loop.
     """
 
@@ -384,8 +366,10 @@ class Resolver:
         *,
         options: StreamOptions | None = None,
         client: HubClient | None = None,
+        access: Access | None = None,
     ) -> None:
         self._options = options or StreamOptions()
+        self._access = access
         self._client = client
         self._owns_client = client is None
         self._closed = False
@@ -444,6 +428,7 @@ class Resolver:
         data_files: DataFiles | None = None,
         token: str | bool | None = None,
         endpoint: str | None = None,
+        access: Access | None = None,
     ) -> Manifest:
         """The files of ``source`` for ``config`` and ``split``, pinned to a commit.
 
@@ -451,13 +436,21 @@ class Resolver:
         config's files with patterns relative to the repo (or to the folder the source
         names). ``token``: a token, False for none, or None to use ``HF_TOKEN`` or the
         login stored by huggingface_hub. ``endpoint`` defaults to ``$HF_ENDPOINT``, then
-        ``https://huggingface.co``. ``split=None`` selects every split of the config.
+        ``https://huggingface.co``; both are read from the environment now (``find_access``)
+        unless ``access`` gives them (a stream's readers share the one it found when it
+        opened). ``split=None`` selects every split of the config.
         """
         self._check_open()
         sources = await anyio.to_thread.run_sync(parse_sources, source)
         patterns = None if data_files is None else _sanitize_data_files(data_files, _bad_input)
-        hub_endpoint = _endpoint(endpoint)
-        call = _Call(token)
+        if access is None and token is None and endpoint is None:
+            access = self._access
+        if access is None:
+            access = await find_access(token, endpoint)
+        elif token is not None or endpoint is not None:
+            raise SourceError("Resolver.resolve: pass access= or token=/endpoint=, not both")
+        hub_endpoint = access.endpoint
+        call = _Call(access)
         manifests: list[Manifest] = []
         run: list[UrlSource | LocalSource | S3Source] = []  # resolved together
         for src in sources:
@@ -863,10 +856,10 @@ class Resolver:
                 status = response.status_code
                 if status < (300 if refused is not None else 400):
                     return outcome
-                if status not in _RETRY_STATUSES or attempts > o.max_retries:
+                if not retryable_status(status) or attempts > o.max_retries:
                     if refused is not None:
                         raise refused(response, outcome.body, attempts)
-                    raise _http_error(response, where, missing, attempts)
+                    raise _http_error(response, where, missing, attempts, call.access)
                 if status == 429 and host_key(str(response.url)) == host:
                     delay = 0.0  # the host is paused: the gate is the wait
                 else:
@@ -883,6 +876,13 @@ class Resolver:
                         f"{method} {url} failed after {attempts} attempts: {outcome.reason}"
                     ) from outcome.error
                 delay = outcome.delay or hub.backoff(attempts, o.backoff_base, o.backoff_max)
+            if not (isinstance(outcome, _Answer) and outcome.response.status_code == 429):
+                why = (
+                    f"HTTP {outcome.response.status_code}"
+                    if isinstance(outcome, _Answer)
+                    else outcome.reason
+                )
+                hub.note_retry(url, why, attempts, o.max_retries, delay)
             self._counts.retries += 1
             if delay > 0:
                 await anyio.sleep(delay)
@@ -1110,43 +1110,29 @@ class _Where:
         return f"{self.repo}@{self.revision} ({self.sha[:12]})"
 
 
-def _endpoint(endpoint: str | None) -> str:
-    value = endpoint or os.environ.get("HF_ENDPOINT") or DEFAULT_ENDPOINT
-    value = value.rstrip("/")
-    parts = urlsplit(value)
-    if parts.scheme not in ("http", "https") or not parts.netloc:
-        raise SourceError(f"Hub endpoint {value!r} is not an http(s) URL like {DEFAULT_ENDPOINT}")
-    return value
-
-
-async def _find_token(given: str | bool | None) -> str | None:
-    """huggingface_hub's order: the argument, then HF_TOKEN, then the stored login."""
-    if isinstance(given, str):
-        return given or None
-    if given is False:
-        return None
-    if given is None and os.environ.get("HF_HUB_DISABLE_IMPLICIT_TOKEN", "").lower() in _TRUE:
-        return None
-    env = os.environ.get("HF_TOKEN", "").strip()
-    if env:
-        return env
-    from huggingface_hub import get_token
-
-    # get_token() may refresh an OAuth token over the network: keep it off the loop.
-    return await anyio.to_thread.run_sync(get_token)
-
-
 def _http_error(
-    response: httpx2.Response, where: _Where, missing: str | None, attempts: int
+    response: httpx2.Response,
+    where: _Where,
+    missing: str | None,
+    attempts: int,
+    access: Access | None = None,
 ) -> ResolutionError:
     code = response.headers.get("x-error-code", "")
     status = response.status_code
     url = str(response.request.url)
     if code == "RepoNotFound" or (status == 401 and not code):
+        if access is not None and access.token:
+            fix = (
+                f"the token (from {access.token_source or 'token='}) cannot read it: check "
+                "the repo id, or use a token of an account that can read it"
+            )
+        else:
+            fix = (
+                "no token was sent: if it is private, pass token=, set HF_TOKEN or log in "
+                "with `hf auth login`"
+            )
         return RepoNotFoundError(
-            f"dataset repo {where.repo!r} not found at {where.endpoint} (HTTP {status}). "
-            "If it is private, pass token=, set HF_TOKEN or log in with `hf auth login`, "
-            "with a token that can read it"
+            f"dataset repo {where.repo!r} not found at {where.endpoint} (HTTP {status}); {fix}"
         )
     if code == "GatedRepo":
         return GatedRepoError(

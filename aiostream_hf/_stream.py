@@ -311,8 +311,6 @@ class Stream(Engine["tuple[_Tag, Any]"]):
                     config=self._config,
                     split=self._split,
                     data_files=self._data_files,
-                    token=self._token,
-                    endpoint=self._endpoint,
                 )
             self._manifest = manifest
             files = epoch_order(

@@ -590,7 +590,7 @@ class LeRobotStream(Engine["_Batch"]):
             return await anyio.to_thread.run_sync(_local_root, self._source)
         if isinstance(self._source, S3Source):
             return await _s3_root(self._source, resolver)
-        return await _hub_root(self._source, resolver, self._token, self._endpoint)
+        return await _hub_root(self._source, resolver)
 
     async def _loaded_units(self, resume: Mapping[str, Any] | None) -> AsyncGenerator[_Batch, None]:
         """Items in batches: metadata, then data files and frames, read ahead."""
@@ -906,16 +906,14 @@ async def _s3_root(folder: S3Source, resolver: Resolver) -> _Root:
     return _Root(label=folder.uri, files=files)
 
 
-async def _hub_root(
-    source: HubSource, resolver: Resolver, token: str | None, endpoint: str | None
-) -> _Root:
+async def _hub_root(source: HubSource, resolver: Resolver) -> _Root:
     """The dataset's Parquet files (with sizes) and its commit, from one tree listing."""
     folder = (source.path or "").strip("/")
     prefix = f"{folder}/" if folder else ""
     pattern = HubSource(source.repo_id, source.revision, f"{prefix}**/*.parquet").uri
     label = HubSource(source.repo_id, source.revision, source.path).uri
     try:
-        manifest = await resolver.resolve(pattern, token=token, endpoint=endpoint)
+        manifest = await resolver.resolve(pattern)  # with the stream's access
     except EntryNotFoundError as exc:
         raise EntryNotFoundError(
             f"{label} holds no Parquet file, so it is not a LeRobot v2.1/v3.0 dataset "

@@ -70,7 +70,7 @@ from ._exceptions import (
     SourceError,
 )
 from ._models import FileRef
-from ._sources import S3Source, has_glob, parse_sources
+from ._sources import HubSource, S3Source, has_glob, parse_sources
 from .formats import ByteSource, StreamSource
 from .formats._arrivals import Arrivals, Span, Unfinished, merge_spans
 from .formats._mp4 import (
@@ -89,6 +89,7 @@ from .formats._split import next_job, split, usable_cpus
 
 if TYPE_CHECKING:
     from ._options import StreamOptions
+    from ._resolver import Resolver
 
 _VIDEO_COALESCE_GAP = 64 * 1024
 _HOP_REACH = 16 * 1024 * 1024  # a read towards moov goes on to the tail read when this near
@@ -175,20 +176,24 @@ def open(
     *,
     fetcher: ByteSource | None = None,
     options: StreamOptions | None = None,
-    token: str | None = None,
+    token: str | bool | None = None,
+    endpoint: str | None = None,
 ) -> VideoReader:
     """A reader of one video file: use it as ``async with video.open(source) as reader``.
 
-    ``source`` is an http(s) URL, an ``s3://BUCKET/KEY`` object (its size and ETag come
-    from one listing request, reached with ``options``' ``s3_*`` settings), a ``file://``
-    URL, a local path or a ``FileRef``. ``fetcher`` is any ``ByteSource`` (a
-    ``RangeFetcher``, shared by many readers); without one the reader creates a
-    ``RangeFetcher(options, token=token)`` over the event loop's shared ``HubClient`` (one
-    connection pool with every stream of the loop) and closes it with itself. Opening
-    reads the file's index; a file that is not a video, or whose codec PyAV cannot decode,
-    raises ``DecodeError``.
+    ``source`` is an ``hf://datasets/ORG/NAME[@REV]/PATH`` file of a Hub repo, an http(s)
+    URL, an ``s3://BUCKET/KEY`` object (its size and ETag come from one listing request,
+    reached with ``options``' ``s3_*`` settings), a ``file://`` URL, a local path or a
+    ``FileRef``. ``fetcher`` is any ``ByteSource`` (a ``RangeFetcher``, shared by many
+    readers); without one the reader opens its own readers (``open_readers``: the token
+    and endpoint from ``token=``/``endpoint=``, else the environment when it opens) over
+    the event loop's shared ``HubClient`` (one connection pool with every stream of the
+    loop) and closes them with itself. Opening reads the file's index; a file that is not
+    a video, or whose codec PyAV cannot decode, raises ``DecodeError``.
     """
-    return VideoReader(_file_ref(source), fetcher=fetcher, options=options, token=token)
+    return VideoReader(
+        _file_ref(source), fetcher=fetcher, options=options, token=token, endpoint=endpoint
+    )
 
 
 class VideoReader:
@@ -200,13 +205,15 @@ class VideoReader:
         *,
         fetcher: ByteSource | None = None,
         options: StreamOptions | None = None,
-        token: str | None = None,
+        token: str | bool | None = None,
+        endpoint: str | None = None,
     ) -> None:
         self.file = file
         self._source = fetcher
         self._owned: contextlib.AsyncExitStack | None = None  # what this reader opened
         self._options = options
         self._token = token
+        self._endpoint = endpoint
         self._index: _Indexed | _Demuxed | None = None
         self._closed = False
         self._lock = anyio.Lock()
@@ -230,21 +237,27 @@ class VideoReader:
         if self._index is not None:
             return
         try:
-            if self._source is None:
-                from ._client import use_client
-                from ._fetcher import RangeFetcher
+            listed = self.file.url.startswith(("s3://", "hf://"))
+            if self._source is None or listed:
+                from ._engine import open_readers
                 from ._options import StreamOptions
 
                 # Frames of one call lie in a few GOPs: merging gaps of up to 1 MiB (the
                 # stream default) would fetch the video between them.
                 options = self._options or StreamOptions(coalesce_gap=_VIDEO_COALESCE_GAP)
                 self._owned = contextlib.AsyncExitStack()
-                hub = await self._owned.enter_async_context(use_client())
-                self._source = await self._owned.enter_async_context(
-                    RangeFetcher(options, token=self._token, client=hub)
+                readers = await self._owned.enter_async_context(
+                    open_readers(
+                        options,
+                        token=self._token,
+                        endpoint=self._endpoint,
+                        access=getattr(self._source, "access", None),
+                    )
                 )
-            if self.file.url.startswith("s3://"):
-                self.file = await _listed(self.file.url, self._options)
+                if self._source is None:
+                    self._source = readers.fetcher
+                if listed:
+                    self.file = await _listed(self.file.url, readers.resolver)
             self._index = await _load(self.file, self._source, self._stats)
         except BaseException:
             await self.aclose()
@@ -587,6 +600,15 @@ def _file_ref(source: VideoSource) -> FileRef:
         scheme = urllib.parse.urlsplit(source).scheme.lower()
         if scheme in ("http", "https"):
             return FileRef(source, source)
+        if scheme == "hf":
+            found = parse_sources(source)
+            one = found[0] if len(found) == 1 else None
+            if not isinstance(one, HubSource) or not one.path or has_glob(one.path):
+                raise SourceError(
+                    f"cannot open {source!r} as a video: name one file of a repo, "
+                    "hf://datasets/ORG/NAME[@REVISION]/PATH/TO/VIDEO.mp4"
+                )
+            return FileRef(source, source)  # its URL, size and ETag: at aopen()
         if scheme == "s3":
             found = parse_sources(source)
             src = found[0] if len(found) == 1 else None
@@ -610,15 +632,13 @@ def _file_ref(source: VideoSource) -> FileRef:
     return _local_ref(Path(os.fspath(source)).expanduser())
 
 
-async def _listed(uri: str, options: StreamOptions | None) -> FileRef:
-    """The ``FileRef`` of one S3 object (URL, size, ETag), from its listing."""
-    from ._client import use_client
-    from ._resolver import Resolver
-
-    async with use_client() as hub, Resolver(options=options, client=hub) as resolver:
-        manifest = await resolver.resolve(uri)
-    if len(manifest.files) != 1 or manifest.files[0].path != uri:
-        raise SourceError(f"cannot open {uri!r} as a video: it is a folder, not one object")
+async def _listed(uri: str, resolver: Resolver) -> FileRef:
+    """The ``FileRef`` of one S3 object or Hub file (URL, size, ETag), from its listing."""
+    manifest = await resolver.resolve(uri)
+    (src,) = parse_sources(uri)
+    want = src.path if isinstance(src, HubSource) else uri
+    if len(manifest.files) != 1 or manifest.files[0].path != want:
+        raise SourceError(f"cannot open {uri!r} as a video: name one file, not a folder")
     return manifest.files[0]
 
 

@@ -41,6 +41,7 @@ from functools import partial
 from typing import Any
 
 from . import _bridge
+from ._access import Access, find_access
 from ._client import HubClient
 from ._engine import open_readers
 from ._exceptions import SourceError
@@ -172,6 +173,7 @@ class _Opener:
         self._hub: HubClient | None = None
         self._resolver: Resolver | None = None
         self._fetcher: RangeFetcher | None = None
+        self._access: Access | None = None
         self._files: dict[str, FileRef] = {}
 
     def _check_process(self) -> None:
@@ -180,7 +182,15 @@ class _Opener:
                 self._pid = os.getpid()
                 self._hub = None
                 self._resolver = self._fetcher = None
+                self._access = None
                 self._files = {}
+
+    async def _found_access(self) -> Access:
+        """The endpoint and token of this process's shards: found at the first shard
+        opened (from token=/endpoint=, else the environment then), then kept."""
+        if self._access is None:
+            self._access = await find_access(self.token, self.endpoint)
+        return self._access
 
     async def _file(self, url: str, resolver: Resolver | None) -> FileRef:
         known = self._files.get(url)
@@ -190,9 +200,12 @@ class _Opener:
         if isinstance(source, HubSource):
             if resolver is None:
                 if self._resolver is None:
-                    self._resolver = Resolver(options=self.options, client=self._client())
+                    access = await self._found_access()
+                    self._resolver = Resolver(
+                        options=self.options, client=self._client(), access=access
+                    )
                 resolver = self._resolver
-            manifest = await resolver.resolve(url, token=self.token, endpoint=self.endpoint)
+            manifest = await resolver.resolve(url)
             if len(manifest.files) != 1:
                 raise SourceError(
                     f"{url}: names {len(manifest.files)} files; webdataset opens one shard "
@@ -209,18 +222,17 @@ class _Opener:
             self._hub = HubClient()
         return self._hub
 
-    def _source(self) -> RangeFetcher:
+    async def _source(self) -> RangeFetcher:
+        access = await self._found_access()
         if self._fetcher is None or self._fetcher.closed:
-            self._fetcher = RangeFetcher(
-                self.options, token=self.token, endpoint=self.endpoint, client=self._client()
-            )
+            self._fetcher = RangeFetcher(self.options, access=access, client=self._client())
         return self._fetcher
 
     async def blocks(self, url: str) -> AsyncIterator[bytes]:
         """The shard's bytes, in blocks of ``options.block_size`` (one long GET)."""
         if self.shared:
             file = await self._file(url, None)
-            async with self._source().iter_bytes(file) as blocks:
+            async with (await self._source()).iter_bytes(file) as blocks:
                 async for block in blocks:
                     yield block
             return
@@ -486,4 +498,4 @@ async def _resolve(
     **kwargs: Any,
 ) -> Manifest:
     async with open_readers(options, token=token, endpoint=endpoint) as r:
-        return await r.resolver.resolve(source, token=token, endpoint=endpoint, **kwargs)
+        return await r.resolver.resolve(source, **kwargs)
