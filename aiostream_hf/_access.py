@@ -150,6 +150,14 @@ class Access:
         """The Authorization header for ``url``: only on the endpoint's own origin."""
         return auth_headers(url, self.token, self.endpoint)
 
+    def check_online(self, url: str) -> None:
+        """Raise ``SourceError`` for a request to the Hub while ``HF_HUB_OFFLINE`` is set."""
+        if self.offline and self.is_hub(url):
+            raise SourceError(
+                f"{url}: HF_HUB_OFFLINE is set, and streaming reads the Hub ({self.endpoint}) "
+                "over the network: unset HF_HUB_OFFLINE, or stream local files instead"
+            )
+
     def is_hub(self, url: str) -> bool:
         try:
             return origin(url) == origin(self.endpoint)

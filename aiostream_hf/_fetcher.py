@@ -1019,6 +1019,7 @@ class _Transfer:
             route = await f._route(self)
             f._check_open()  # closed while we waited for another read's resolution
             url = self.file.url if route is None else route.url
+            f.access.check_online(url)
             host = _host_key(url, self.file)
             headers = f._headers(self, url, route)
             await f._acquire(host, self, url)

@@ -91,7 +91,7 @@ import yaml
 
 from . import _s3
 from ._access import DEFAULT_ENDPOINT, Access, auth_headers, find_access, origin
-from ._client import HubClient, RequestSigner, host_key
+from ._client import HubClient, RequestSigner, host_key, use_client
 from ._exceptions import (
     ClosedResourceError,
     ConfigNotFoundError,
@@ -809,6 +809,7 @@ class Resolver:
         answered and refuses connections fails after one quick retry.
         """
         self._check_open()
+        call.access.check_online(url)
         if self._client is None:
             self._client = HubClient()
         hub = self._client
@@ -2008,6 +2009,19 @@ def _select(
                     files.append(f)
         matched[split_name] = files
 
+    if path is not None and not has_glob(path) and patterns == {"train": [path]}:
+        # One file named: it is what was asked for, of whatever format (a video for
+        # video.open, a file of a format given with format=); the reader judges it.
+        if split not in (None, "train"):
+            raise SplitNotFoundError(f"no split {split!r} in {repo}/{path}: splits are train")
+        return _Selection(
+            files=[("train", f) for f in matched["train"]],
+            config=name,
+            split="train",
+            configs=configs,
+            splits={"train": 1},
+            format=_format_of([path]),
+        )
     candidates = {s: [f for f in fs if _is_streamable(f.path)] for s, fs in matched.items()}
     formats = {s: _format_of([f.path for f in fs]) for s, fs in candidates.items() if fs}
     if len(set(formats.values())) > 1:
@@ -2074,16 +2088,30 @@ def resolve_for_workers(
     token and endpoint, which the reads need too)."""
     from ._bridge import portal
 
+    # The access is found once, here (from the arguments, else this process's
+    # environment now), and handed to the workers as it is: a worker (a forked DataLoader
+    # worker, a Ray task on another machine) reads with what the listing used, and looks
+    # nothing up again (token False: none, on purpose).
+    access = portal().call(find_access, stream_kwargs.get("token"), stream_kwargs.get("endpoint"))
     read_kwargs = {k: v for k, v in stream_kwargs.items() if k not in RESOLVE_KEYS}
-    read_kwargs["token"] = stream_kwargs.get("token")
-    read_kwargs["endpoint"] = stream_kwargs.get("endpoint")
+    read_kwargs["token"] = access.token or False
+    read_kwargs["endpoint"] = access.endpoint
     if isinstance(source, Manifest):
+        if stream_kwargs.get("endpoint") is None and source.endpoint is not None:
+            read_kwargs["endpoint"] = source.endpoint  # the Hub it was resolved at
         return source, read_kwargs
     options = stream_kwargs.get("options") or StreamOptions()
-    resolve_kwargs = {k: stream_kwargs[k] for k in RESOLVE_KEYS if k in stream_kwargs}
-    return portal().call(_resolve_once, source, options, resolve_kwargs), read_kwargs
+    resolve_kwargs = {
+        k: stream_kwargs[k] for k in RESOLVE_KEYS if k in stream_kwargs and k not in _ACCESS_KEYS
+    }
+    return portal().call(_resolve_once, source, options, resolve_kwargs, access), read_kwargs
 
 
-async def _resolve_once(source: Any, options: StreamOptions, kwargs: Mapping[str, Any]) -> Manifest:
-    async with Resolver(options=options) as resolver:
-        return await resolver.resolve(source, **kwargs)
+_ACCESS_KEYS = ("token", "endpoint")
+
+
+async def _resolve_once(
+    source: Any, options: StreamOptions, kwargs: Mapping[str, Any], access: Access
+) -> Manifest:
+    async with use_client() as hub, Resolver(options=options, client=hub) as resolver:
+        return await resolver.resolve(source, access=access, **kwargs)

@@ -17,18 +17,15 @@ files (``AWS_ENDPOINT_URL``, ``AWS_PROFILE``, ``AWS_ACCESS_KEY_ID``...), or unsi
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import platform
 import sys
 import time
-import urllib.parse
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
-from urllib.parse import quote
 
 import anyio
 import click
@@ -38,7 +35,7 @@ from ._exceptions import AiostreamError
 if TYPE_CHECKING:
     from ._client import HubClient
     from ._describe import LeRobotSummary, WebDatasetSummary
-    from ._models import FileRef, Manifest
+    from ._models import Manifest
     from ._options import StreamOptions
 
 __all__ = ["main"]
@@ -690,7 +687,13 @@ def frames(
     Only the video's index and the bytes of the frames asked for are fetched.
     """
     from ._demo import contact_sheet, human_bytes, write_png
+    from ._exceptions import SourceError
+    from .video import check_source
 
+    try:
+        check_source(url)  # a URL that cannot name one video is a usage error, at once
+    except SourceError as exc:
+        raise click.BadParameter(str(exc), param_hint="URL") from exc
     result = anyio.run(_frames, url, at, tolerance, endpoint, token, no_sign_request)
     write_png(out, contact_sheet(result["data"], columns=cols))
     click.echo(
@@ -702,43 +705,6 @@ def frames(
     click.echo(f"fetched {human_bytes(result['bytes'])}{share} in {result['requests']} requests")
 
 
-def _video_url(url: str, endpoint: str | None) -> str:
-    """hf://datasets/ORG/NAME[@REV]/PATH -> the file's /resolve/ URL; others unchanged."""
-    if not url.startswith("hf://"):
-        return url
-    from ._resolver import DEFAULT_ENDPOINT
-    from ._sources import HubSource, parse_sources
-
-    (src,) = parse_sources(url)
-    if not isinstance(src, HubSource) or not src.path:
-        raise click.BadParameter(
-            f"{url!r}: name one file, hf://datasets/ORG/NAME/PATH.mp4", param_hint="URL"
-        )
-    base = (endpoint or os.environ.get("HF_ENDPOINT") or DEFAULT_ENDPOINT).rstrip("/")
-    revision = quote(src.revision or "main", safe="")
-    return f"{base}/datasets/{src.repo_id}/resolve/{revision}/{quote(src.path)}"
-
-
-async def _hub_file(url: str, token: str | None) -> str | FileRef:
-    """A Hub file's /resolve/ URL with its size and etag, from one HEAD request (the
-    Hub's own answer, as huggingface_hub reads it), so that a video smaller than the
-    first read is fetched once and a file that changes meanwhile is an error. If the
-    HEAD fails, the URL alone: the read then says what is wrong."""
-    from huggingface_hub import get_hf_file_metadata
-    from huggingface_hub.errors import HfHubHTTPError
-
-    from ._models import FileRef
-
-    try:
-        meta = await anyio.to_thread.run_sync(
-            functools.partial(get_hf_file_metadata, url, token=token)
-        )
-    except (HfHubHTTPError, OSError, ValueError):
-        return url
-    path = urllib.parse.unquote(url.partition("/resolve/")[2].partition("/")[2])
-    return FileRef(url=url, path=path, size=meta.size, etag=meta.etag)
-
-
 async def _frames(
     url: str,
     at: list[float],
@@ -748,15 +714,15 @@ async def _frames(
     no_sign_request: bool,
 ) -> dict[str, Any]:
     from . import video
-    from ._fetcher import RangeFetcher
+    from ._engine import open_readers
 
     # Frames far apart are read as separate concurrent ranges, not one span with holes.
     options = _options(no_sign_request, coalesce_gap=64 * 1024)
-    source: str | FileRef = _video_url(url, endpoint)
-    if url.startswith("hf://"):
-        source = await _hub_file(str(source), token)
-    async with RangeFetcher(options, token=token, endpoint=endpoint) as fetcher:
-        async with video.open(source, fetcher=fetcher, options=options) as reader:
+    # The readers every entry point uses: an hf:// file is resolved like any source (its
+    # commit pinned, its path checked against the repo's listing), with the same access.
+    async with open_readers(options, token=token, endpoint=endpoint) as readers:
+        fetcher = readers.fetcher
+        async with video.open(url, fetcher=fetcher, options=options) as reader:
             got = await reader.frames_at(at, tolerance_s=tolerance)  # None: the frame on screen
             info = {"width": reader.width, "height": reader.height, "codec": reader.codec}
             size = reader.file.size

@@ -593,6 +593,13 @@ class VideoReader:
 # -- sources ---------------------------------------------------------------------------
 
 
+def check_source(source: str) -> None:
+    """Raise ``SourceError`` now for an hf:// or s3:// URL that ``open`` would refuse
+    (one that does not name one file); reads nothing."""
+    if source.startswith(("hf://", "s3://")):
+        _file_ref(source)
+
+
 def _file_ref(source: VideoSource) -> FileRef:
     if isinstance(source, FileRef):
         return source

@@ -17,7 +17,6 @@ from typing import Any
 import anyio
 import fsspec.utils
 import httpx2
-import huggingface_hub
 import pytest
 from anyio import wait_all_tasks_blocked
 
@@ -756,7 +755,11 @@ async def test_tokens_from_argument_env_and_stored_login(
                 await r.resolve(source, token=False, **kw)
 
         monkeypatch.delenv("HF_TOKEN")
-        monkeypatch.setattr(huggingface_hub, "get_token", lambda: "tok")
+        # The login `hf auth login` stored: HF_HOME's token file, read when resolving.
+        monkeypatch.delenv("HF_TOKEN_PATH", raising=False)
+        monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
+        (tmp_path / "hf-home").mkdir()
+        (tmp_path / "hf-home" / "token").write_text("tok\n")
         async with fresh("stored") as r:
             assert len((await r.resolve(source, **kw)).files) == 3
 

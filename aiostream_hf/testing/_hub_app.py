@@ -71,6 +71,8 @@ class HubStats:
     throttled: int
     faults: Mapping[str, int]
     connections: int = 0  # distinct client connections (peer address and port) seen
+    # requests to the CDN that carried an Authorization header (a token must never go there)
+    cdn_authorized: int = 0
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -83,6 +85,7 @@ class HubStats:
             "throttled": self.throttled,
             "faults": dict(self.faults),
             "connections": self.connections,
+            "cdn_authorized": self.cdn_authorized,
         }
 
     @classmethod
@@ -97,6 +100,7 @@ class HubStats:
             throttled=data["throttled"],
             faults=data["faults"],
             connections=data.get("connections", 0),
+            cdn_authorized=data.get("cdn_authorized", 0),
         )
 
 
@@ -134,6 +138,7 @@ class _Counters:
         self.throttled = 0
         self.faults: dict[str, int] = {}
         self.peers: set[tuple[str, int]] = set()  # bounded by the ports of one host
+        self.cdn_authorized = 0
 
     def bump(self, table: dict[Any, int], key: Any, n: int = 1) -> None:
         table[key] = table.get(key, 0) + n
@@ -150,6 +155,7 @@ class _Counters:
                 self.throttled,
                 dict(self.faults),
                 len(self.peers),
+                self.cdn_authorized,
             )
 
 
@@ -320,6 +326,8 @@ class HubApp:
             c.bump(c.by_bucket, bucket)
             c.concurrent += 1
             c.peak_concurrent = max(c.peak_concurrent, c.concurrent)
+            if is_cdn and "authorization" in headers:
+                c.cdn_authorized += 1
             if scope.get("client"):
                 host, port = scope["client"]
                 c.peers.add((str(host), int(port)))
