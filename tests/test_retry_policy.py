@@ -91,7 +91,9 @@ async def test_resolver_and_fetcher_answer_a_status_alike(status: int, tmp_path:
 
 
 @pytest.mark.anyio
-async def test_each_retry_is_a_warning_line(tmp_path: Any, caplog: pytest.LogCaptureFixture) -> None:
+async def test_each_retry_is_a_warning_line(
+    tmp_path: Any, caplog: pytest.LogCaptureFixture
+) -> None:
     caplog.set_level(logging.WARNING, logger="aiostream_hf")
     seen: list[str] = []
     async with (
