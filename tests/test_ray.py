@@ -422,3 +422,21 @@ def test_lerobot_items_every_frame_once_with_episodes_per_task(
         np.testing.assert_array_equal(row["action_is_pad"], item["action_is_pad"])
         assert row["task"] == item["task"]
     assert stats.by_bucket["api"] == at_driver.by_bucket["api"]  # none from the tasks
+
+
+def test_a_private_repo_reads_with_the_drivers_hf_token(
+    root: Path, cluster: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """HF_TOKEN and HF_ENDPOINT set in the driver after the cluster started (its workers
+    never saw them): the access found when the datasource is made goes to the tasks."""
+    token = "hf_ray_reader"
+    with HubServer(root, private={"org/text": [token]}, lfs_threshold=0) as private:
+        monkeypatch.delenv("HF_HUB_DISABLE_IMPLICIT_TOKEN", raising=False)
+        monkeypatch.setenv("HF_ENDPOINT", private.endpoint)
+        monkeypatch.setenv("HF_TOKEN", token)
+        ds = ash_ray.read("hf://datasets/org/text", columns=["id"], options=_options(tmp_path))
+        table = _dataset_rows(ds)
+        stats = private.stats()
+    assert sorted(table.column("id").to_pylist()) == list(range(FILES * ROWS))
+    assert stats.by_bucket.get("cdn", 0) > 0
+    assert stats.cdn_authorized == 0
