@@ -26,7 +26,7 @@ class StreamOptions:
     max_range_size: a larger range read is split into concurrent parts of this size.
     coalesce_gap: ranges of one file closer than this are fetched as one request.
     prefetch_bytes / prefetch_count: readahead of decoded units, bounded by both.
-    max_retries: retries of one request on 408/429/5xx and network errors.
+    max_retries: retries of one request on 408/429/5xx (but 501/505) and network errors.
     backoff_base / backoff_max: jittered exponential backoff between retries, seconds.
     timeout: seconds without progress on one request before it counts as failed.
     min_throughput: bytes per second a response body must keep up, measured over
