@@ -821,3 +821,27 @@ async def test_a_footer_of_too_many_row_groups_is_refused_before_it_is_parsed(
         await _collect(ash.stream(str(path), options=_options(tmp_path)))
     monkeypatch.setattr(parquet_module, "MAX_ROW_GROUPS", 5)
     assert len(await _collect(ash.stream(str(path), options=_options(tmp_path)))) == 5
+
+
+PARQUET_TESTING = Path(__file__).parent / "data" / "parquet-testing"
+
+
+async def test_a_file_whose_footer_miscounts_its_rows_streams_as_pyarrow_reads_it(
+    root: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """parquet-testing's repeated_no_annotation.parquet: its footer says 0 rows, its row
+    group holds 6. Read from a local file and from the Hub, as pyarrow's read_table."""
+    fixture = PARQUET_TESTING / "repeated_no_annotation.parquet"
+    expected = pq.read_table(fixture)
+    assert expected.num_rows == 6
+    repo = make_repo(root, "org/miscounted", {"README.md": "# miscounted\n"})
+    (repo / "data").mkdir()
+    (repo / "data" / fixture.name).write_bytes(fixture.read_bytes())
+    with caplog.at_level("WARNING", logger="aiostream_hf"), HubServer(root) as hub:
+        local = ash.stream(str(fixture), options=_options(tmp_path), output="arrow")
+        assert pa.Table.from_batches(await _collect(local)).equals(expected)
+        source = f"hf://datasets/org/miscounted/data/{fixture.name}"
+        remote = ash.stream(source, endpoint=hub.endpoint, options=_options(tmp_path))
+        assert await _collect(remote) == expected.to_pylist()
+    warned = [r.getMessage() for r in caplog.records if "its footer says 0 rows" in r.getMessage()]
+    assert len(warned) == 2, warned

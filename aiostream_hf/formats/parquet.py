@@ -20,8 +20,9 @@ may coalesce or split them further, and ``decode_row_group`` accepts any set of
 buffers that covers them (for example the tail itself, for a small file).
 
 No length or count in a file is trusted: the footer must fit in the file and in
-``MAX_FOOTER_SIZE`` before it is read, the row counts of the footer must add up,
-every column chunk planned must lie between the leading magic and the footer, a
+``MAX_FOOTER_SIZE`` before it is read, no row group may say fewer than 0 rows (a
+file total that disagrees with its row groups is only a warning, as pyarrow ignores
+it), every column chunk planned must lie between the leading magic and the footer, a
 decoded row group must have the rows its footer says, and page CRCs are verified
 where the file has them (``verify_checksums``). Anything else is a ``DecodeError``
 naming the file (and the row group).
@@ -29,6 +30,7 @@ naming the file (and the row group).
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import struct
@@ -48,6 +50,8 @@ from .._models import FileRef
 from . import ByteSource, Decoder, ReadRequest, Unit
 from ._split import usable_cpus
 from ._thrift import chunk_values, row_group_count
+
+logger = logging.getLogger("aiostream_hf")
 
 __all__ = [
     "MAX_FOOTER_SIZE",
@@ -116,10 +120,11 @@ class ParquetFooter:
     """The leaf column indices (column chunks) of each top-level column, in file order."""
     metadata_file: pa.Buffer = field(repr=False)
     """The footer as a standalone ``_metadata`` file: ``PAR1`` + footer."""
-
-    @property
-    def num_rows(self) -> int:
-        return int(self.metadata.num_rows)
+    num_rows: int
+    """The rows its row groups hold, which are what is read. The footer's own total
+    (``metadata.num_rows``) sizes nothing: some writers got it wrong (parquet-rs 0.3.0
+    wrote 0), and a file whose total disagrees is read as pyarrow reads it, with a
+    warning (``parse_footer``)."""
 
     @property
     def num_row_groups(self) -> int:
@@ -227,7 +232,7 @@ def parse_footer(tail: BufferLike, file_size: int, name: str) -> ParquetFooter:
             paths: list[list[str]] = pf.reader.column_paths
     except (pa.ArrowException, OSError) as exc:
         raise DecodeError(f"cannot read the Parquet footer of {name}: {exc}") from exc
-    _check_row_counts(metadata, name)
+    rows = _row_group_rows(metadata, name)
     leaves: dict[str, list[int]] = {}
     for index, path in enumerate(paths):
         leaves.setdefault(path[0], []).append(index)
@@ -238,23 +243,36 @@ def parse_footer(tail: BufferLike, file_size: int, name: str) -> ParquetFooter:
         schema=schema,
         leaf_columns={column: tuple(indices) for column, indices in leaves.items()},
         metadata_file=metadata_file,
+        num_rows=rows,
     )
 
 
-def _check_row_counts(metadata: pq.FileMetaData, name: str) -> None:
-    """The footer's row counts are not negative and those of its row groups add up."""
-    total = int(metadata.num_rows)
+def _row_group_rows(metadata: pq.FileMetaData, name: str) -> int:
+    """The rows the footer's row groups hold, none of them negative.
+
+    A file total that disagrees is a warning, not an error: pyarrow reads the row
+    groups and ignores it, and so does every reader here (nothing is sized by it). Each
+    row group's count is still checked where it matters: it bounds the least its
+    decode holds (``RowGroupPlan.least_decoded``, against ``prefetch_bytes``), and a
+    row group that decodes to other rows than it says is a ``DecodeError``.
+    """
     counts = [int(metadata.row_group(i).num_rows) for i in range(metadata.num_row_groups)]
     bad = next((i for i, count in enumerate(counts) if count < 0), None)
     if bad is not None:
         raise DecodeError(
             f"{name} is corrupt: row group {bad} of its footer says {counts[bad]} rows"
         )
-    if total != sum(counts):
-        raise DecodeError(
-            f"{name} is corrupt: its footer says {total} rows, but its "
-            f"{len(counts)} row groups hold {sum(counts)}"
+    total, rows = int(metadata.num_rows), sum(counts)
+    if total != rows:
+        logger.warning(
+            "%s: its footer says %s rows, but its %s row groups hold %s; reading the row "
+            "groups' rows, as pyarrow does",
+            name,
+            f"{total:,}",
+            f"{len(counts):,}",
+            f"{rows:,}",
         )
+    return rows
 
 
 def prune_row_groups(footer: ParquetFooter, filter: pc.Expression) -> list[int]:

@@ -717,3 +717,26 @@ def test_tail_must_hold_the_footer(prune_file: Path) -> None:
 )
 def test_parquet_816_padding_for_old_parquet_mr(created_by: str | None, padded: bool) -> None:
     assert _needs_parquet_816_padding(created_by) is padded
+
+
+# -- files written by other implementations (tests/data/parquet-testing) -----------------
+
+PARQUET_TESTING = Path(__file__).parent.parent / "data" / "parquet-testing"
+
+
+def test_a_footer_row_count_its_row_groups_contradict_is_a_warning(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """parquet-rs 0.3.0 wrote num_rows 0 in the footer of a file whose one row group holds
+    6 rows; pyarrow reads the 6 rows, and so do we, saying so in a warning."""
+    path = PARQUET_TESTING / "repeated_no_annotation.parquet"
+    assert pq.ParquetFile(path).metadata.num_rows == 0  # the file is as described
+    with caplog.at_level("WARNING", logger="aiostream_hf"):
+        result = assert_same_as_pyarrow(path)
+    assert result.table.num_rows == 6
+    assert result.footer.num_rows == 6  # the rows its row groups hold, which are read
+    warned = [r for r in caplog.records if r.name == "aiostream_hf" and r.levelname == "WARNING"]
+    assert [r.getMessage() for r in warned] == [
+        "repeated_no_annotation.parquet: its footer says 0 rows, but its 1 row groups "
+        "hold 6; reading the row groups' rows, as pyarrow does"
+    ]
