@@ -97,6 +97,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ._client import HubClient
+from ._decode_pool import decoding
 from ._engine import (
     Engine,
     EngineStatistics,
@@ -1004,7 +1005,8 @@ async def _read_parquet(
     buffers = piece_buffers(ranges, await received.read_pieces(file, ranges))
 
     def decode() -> pa.Table:
-        tables = [decode_row_group(footer, p, buffers, filter=filter) for p in plans]
+        with decoding():
+            tables = [decode_row_group(footer, p, buffers, filter=filter) for p in plans]
         if tables:
             return pa.concat_tables(tables)
         schema = footer.schema

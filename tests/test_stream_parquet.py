@@ -845,3 +845,29 @@ async def test_a_file_whose_footer_miscounts_its_rows_streams_as_pyarrow_reads_i
         assert await _collect(remote) == expected.to_pylist()
     warned = [r.getMessage() for r in caplog.records if "its footer says 0 rows" in r.getMessage()]
     assert len(warned) == 2, warned
+
+
+async def test_the_stream_decodes_a_large_row_groups_columns_on_its_decode_threads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The engine's decode pool (aiostream_hf._decode_pool), not formats/, runs a row
+    group's column groups side by side."""
+    import aiostream_hf.formats.parquet as parquet_module
+
+    monkeypatch.setattr(parquet_module, "_PARALLEL_MIN_BYTES", 1)
+    monkeypatch.setattr(parquet_module, "usable_cpus", lambda: 2)
+    path = tmp_path / "wide.parquet"
+    table = pa.table({"a": list(range(1000)), "b": [f"b{i}" for i in range(1000)]})
+    pq.write_table(table, path, row_group_size=1000)
+    threads: list[str] = []
+    iter_batches = pq.ParquetFile.iter_batches
+
+    def spy(self: pq.ParquetFile, batch_size: int, **kw: Any) -> Any:
+        threads.append(threading.current_thread().name)
+        return iter_batches(self, batch_size, **kw)
+
+    monkeypatch.setattr(pq.ParquetFile, "iter_batches", spy)
+    s = ash.stream(str(path), options=_options(tmp_path), output="arrow")
+    assert pa.Table.from_batches(await _collect(s)).equals(pq.read_table(path))
+    assert len(threads) == 2
+    assert all(name.startswith("aiostream-parquet") for name in threads), threads

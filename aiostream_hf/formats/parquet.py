@@ -31,15 +31,14 @@ naming the file (and the row group).
 from __future__ import annotations
 
 import logging
-import os
 import re
 import struct
-import threading
-from collections.abc import Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, TypeAlias
+from typing import Any, Protocol, TypeAlias, TypeVar
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -57,6 +56,7 @@ __all__ = [
     "MAX_FOOTER_SIZE",
     "MAX_ROW_GROUPS",
     "BufferLike",
+    "Parallel",
     "ParquetDecoder",
     "ParquetFooter",
     "ParquetUnit",
@@ -64,6 +64,7 @@ __all__ = [
     "TAIL_READ_SIZE",
     "decode_row_group",
     "footer_length",
+    "parallel_parts",
     "parse_footer",
     "plan_row_groups",
     "piece_buffers",
@@ -412,18 +413,31 @@ def _least_row_bytes(footer: ParquetFooter, indices: Sequence[int]) -> int:
     return total
 
 
-_POOL: ThreadPoolExecutor | None = None
-_POOL_LOCK = threading.Lock()
+_T = TypeVar("_T")
 
 
-def _pool() -> ThreadPoolExecutor:
-    """One long-lived pool for column-group decoding: a new pool per row group gave
-    every row group fresh threads, and so fresh allocator heaps (memory and time)."""
-    global _POOL
-    with _POOL_LOCK:
-        if _POOL is None:
-            _POOL = ThreadPoolExecutor(os.cpu_count() or 2, thread_name_prefix="aiostream-parquet")
-        return _POOL
+class Parallel(Protocol):
+    """Runs independent calls side by side and returns their results in order: how a
+    decode may spread one row group's column groups over threads. The engine gives its
+    decode threads (``aiostream_hf._decode_pool.run_all``); nothing in ``formats`` owns
+    a thread. An exception of a call is raised (after the others end)."""
+
+    def __call__(self, calls: Sequence[Callable[[], _T]], /) -> list[_T]: ...
+
+
+_PARALLEL: ContextVar[Parallel | None] = ContextVar("aiostream_hf_parquet_parallel", default=None)
+
+
+@contextmanager
+def parallel_parts(run: Parallel | None) -> Iterator[None]:
+    """Within this block (on this thread, in this context), ``decode_row_group`` (and so
+    ``ParquetDecoder.decode``) decodes a large row group's column groups through ``run``;
+    outside, or with None, all its columns on the calling thread at once."""
+    token = _PARALLEL.set(run)
+    try:
+        yield
+    finally:
+        _PARALLEL.reset(token)
 
 
 def decode_row_group(
@@ -441,11 +455,13 @@ def decode_row_group(
     cut ones). They are read in place, never copied, and the table does not
     refer to them: they can be freed once this returns. ``filter`` must be the
     one given to ``plan_row_groups``. The table keeps the schema's key-value
-    metadata. Large row groups are decoded on several threads, joined before
-    this returns. ``verify_checksums``: check the CRC of every page that has one;
+    metadata. Within ``parallel_parts(run)``, a large row group is decoded in column
+    groups through ``run`` (the engine's threads), joined before this returns; else on
+    the calling thread. ``verify_checksums``: check the CRC of every page that has one;
     a mismatch (the bytes changed since they were written) is a ``DecodeError``.
     """
-    groups = _column_groups(footer, plan)
+    run = _PARALLEL.get()
+    groups = _column_groups(footer, plan) if run is not None else [list(plan.read_columns)]
     read = partial(
         _read_columns,
         footer,
@@ -458,7 +474,8 @@ def decode_row_group(
         if len(groups) == 1:
             table = read(groups[0])
         else:
-            parts = list(_pool().map(read, groups))
+            assert run is not None
+            parts = run([partial(read, group) for group in groups])
             fields = {field.name: (part, field) for part in parts for field in part.schema}
             table = pa.Table.from_arrays(
                 [fields[name][0].column(name) for name in plan.read_columns],
@@ -557,7 +574,8 @@ def _read_columns(
 
 
 def _column_groups(footer: ParquetFooter, plan: RowGroupPlan) -> list[list[str]]:
-    """Split the columns to read into groups of similar decoded size, one per thread."""
+    """Split the columns to read into groups of similar decoded size, one per thread
+    (as many as the cores this process may use, each of at least _PARALLEL_MIN_BYTES)."""
     row_group = footer.metadata.row_group(plan.row_group)
     sizes = {
         name: sum(row_group.column(i).total_uncompressed_size for i in footer.leaf_columns[name])

@@ -12,6 +12,7 @@ import decimal
 import itertools
 import json
 import random
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +24,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
+from aiostream_hf._decode_pool import decoding
 from aiostream_hf._exceptions import DecodeError, SourceError
 from aiostream_hf.formats import parquet
 from aiostream_hf.formats.parquet import (
@@ -257,10 +259,58 @@ def test_columns_decoded_on_several_threads(
     monkeypatch.setattr(parquet, "usable_cpus", lambda: 3)
     path = tmp_path / "threads.parquet"
     pq.write_table(rich, path, row_group_size=700)
-    result = assert_same_as_pyarrow(path, columns, pc.field("score") > 0.3)
+    with decoding():
+        result = assert_same_as_pyarrow(path, columns, pc.field("score") > 0.3)
     groups = parquet._column_groups(result.footer, result.plans[0])
     assert len(groups) == 3
     assert sorted(c for g in groups for c in g) == sorted(result.plans[0].read_columns)
+
+
+def test_column_groups_run_on_the_engines_threads_only_where_it_gives_them(
+    tmp_path: Path, rich: pa.Table, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """formats/ owns no thread: a decode splits its columns only within the engine's
+    decoding() (its pool's threads), else decodes them all at once on this thread."""
+    monkeypatch.setattr(parquet, "_PARALLEL_MIN_BYTES", 1)
+    monkeypatch.setattr(parquet, "usable_cpus", lambda: 3)
+    path = tmp_path / "where.parquet"
+    pq.write_table(rich, path, row_group_size=len(rich))
+    threads: list[tuple[str, int]] = []
+    iter_batches = pq.ParquetFile.iter_batches
+
+    def spy(self: pq.ParquetFile, batch_size: int, **kw: Any) -> Any:
+        threads.append((threading.current_thread().name, len(kw["columns"])))
+        return iter_batches(self, batch_size, **kw)
+
+    monkeypatch.setattr(pq.ParquetFile, "iter_batches", spy)
+    assert_same_as_pyarrow(path)
+    assert threads == [(threading.current_thread().name, len(rich.columns))]
+    threads.clear()
+    with decoding():
+        assert_same_as_pyarrow(path)
+    assert len(threads) == 3
+    assert all(name.startswith("aiostream-parquet") for name, _ in threads), threads
+    assert sum(n for _, n in threads) == len(rich.columns)
+    threads.clear()
+    assert_same_as_pyarrow(path)  # the scope ended with its block
+    assert len(threads) == 1
+
+
+def test_formats_import_no_concurrency_machinery() -> None:
+    """Decoders do no I/O and start nothing: no module of formats/ imports anyio or a
+    thread pool (webdataset.py's async driver is to move out next: issue 30)."""
+    import ast
+
+    folder = Path(parquet.__file__).parent
+    found = {}
+    for module in sorted(folder.glob("*.py")):
+        tree = ast.parse(module.read_text())
+        names = [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
+        names += [n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]
+        bad = [n for n in names if n.split(".")[0] in ("anyio", "asyncio", "trio", "concurrent")]
+        if bad:
+            found[module.name] = sorted(set(bad))
+    assert found == {"webdataset.py": ["anyio", "anyio.to_thread"]}
 
 
 def test_a_row_group_decodes_in_even_batches_cut_alike_in_every_column(
@@ -274,14 +324,16 @@ def test_a_row_group_decodes_in_even_batches_cut_alike_in_every_column(
     # about a fifth of the first row group per batch: five even batches of 200 rows
     monkeypatch.setattr(parquet, "_BATCH_BYTES", -(-plans[0].uncompressed // 5))
     monkeypatch.setattr(parquet, "_MIN_SPLIT_ROWS", 1)
-    result = assert_same_as_pyarrow(path)
+    with decoding():
+        result = assert_same_as_pyarrow(path)
     first = result.tables[0]
     assert len(parquet._column_groups(result.footer, result.plans[0])) == 3
     for column in first.columns:
         assert [len(chunk) for chunk in column.chunks] == [200] * 5
     # A floor of rows per batch: a row group is not cut into batches of a few rows.
     monkeypatch.setattr(parquet, "_MIN_SPLIT_ROWS", 400)
-    first = stream(path).tables[0]
+    with decoding():
+        first = stream(path).tables[0]
     assert [len(chunk) for chunk in first.column("id").chunks] == [400, 400, 200]
 
 
@@ -312,7 +364,8 @@ def test_each_column_group_bounds_its_batch_by_its_own_bytes(
         return iter_batches(self, batch_size, **kw)
 
     monkeypatch.setattr(pq.ParquetFile, "iter_batches", spy)
-    result = assert_same_as_pyarrow(path)
+    with decoding():
+        result = assert_same_as_pyarrow(path)
     flag_bytes = result.footer.metadata.row_group(0).column(0).total_compressed_size
     assert flag_bytes < n  # a run-length encoded constant: fewer bytes than rows
     assert asked == {("flag",): flag_bytes, ("text",): n}
