@@ -38,7 +38,7 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, Protocol, TypeAlias, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -47,6 +47,8 @@ import pyarrow.parquet as pq
 from .._exceptions import DecodeError, SourceError
 from .._models import FileRef
 from . import ByteSource, Decoder, ReadRequest, Unit
+from ._range_file import BufferLike as BufferLike
+from ._range_file import RangeFile
 from ._split import usable_cpus
 from ._thrift import chunk_values, row_group_count
 
@@ -56,13 +58,17 @@ __all__ = [
     "MAX_FOOTER_SIZE",
     "MAX_ROW_GROUPS",
     "BufferLike",
+    "DecodeBudget",
     "Parallel",
     "ParquetDecoder",
     "ParquetFooter",
     "ParquetUnit",
     "RowGroupPlan",
     "TAIL_READ_SIZE",
+    "check_fetched",
+    "check_plans",
     "decode_row_group",
+    "decode_units",
     "footer_length",
     "parallel_parts",
     "parse_footer",
@@ -70,6 +76,7 @@ __all__ = [
     "piece_buffers",
     "prune_row_groups",
     "read_footer",
+    "readahead_budget",
     "tail_range",
 ]
 
@@ -101,9 +108,6 @@ _BATCH_BYTES = 4 * 1024 * 1024
 _MIN_SPLIT_ROWS = 64
 
 _PARQUET_MR_VERSION = re.compile(r"^parquet-mr\s+version\s+(\d+)\.(\d+)\.(\d+)")
-
-BufferLike: TypeAlias = bytes | bytearray | memoryview | pa.Buffer
-"""What a fetched byte range may be handed over as; none of them is copied."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -377,7 +381,7 @@ def least_list_bytes(
     if not lists:
         return 0
     row_group = footer.metadata.row_group(plan.row_group)
-    file = _RangeFile(footer.name, footer.file_size, buffers)
+    file = RangeFile(footer.name, footer.file_size, buffers)
 
     def read(offset: int, n: int) -> bytes:
         file.seek(offset)
@@ -391,13 +395,73 @@ def least_list_bytes(
     return total
 
 
-def _over_budget(file: FileRef, row_group: int, least: int, why: str, budget: int) -> DecodeError:
-    """The error of a row group that surely decodes to more than ``budget`` bytes."""
+@dataclass(frozen=True)
+class DecodeBudget:
+    """The most bytes decoded row groups may hold, checked before anything is decoded
+    (``check_plans``, ``check_fetched``): each row group alone (a stream's readahead,
+    ``readahead_budget``), or, ``whole_file``, all those of a file read together (a
+    table read whole, ``decode_units``). ``explain(least)`` ends the refusal: what the
+    bound is and the way out."""
+
+    limit: int
+    explain: Callable[[int], str]
+    whole_file: bool = False
+
+
+def readahead_budget(request: ReadRequest) -> DecodeBudget | None:
+    """The stream's bound on one row group: ``request.max_unit_bytes`` (prefetch_bytes)."""
+    limit = request.max_unit_bytes
+    if limit is None:
+        return None
+    return DecodeBudget(
+        limit,
+        lambda least: (
+            f"more than the readahead may hold (StreamOptions.prefetch_bytes={limit:,}); a "
+            f"row group is decoded whole: raise prefetch_bytes to at least {least:,} to read it"
+        ),
+    )
+
+
+def check_plans(file: FileRef, plans: Sequence[RowGroupPlan], budget: DecodeBudget | None) -> None:
+    """A ``DecodeError`` if the rows of ``plans`` surely decode past ``budget`` (by their
+    flat floor, ``RowGroupPlan.least_decoded``): at the plan, before any byte is read."""
+    if budget is None:
+        return
+    for group in [plans] if budget.whole_file else [[p] for p in plans]:
+        least = sum(p.least_decoded for p in group)
+        if least > budget.limit:
+            rows = sum(p.num_rows for p in group)
+            raise _over_budget(file, group, least, f"{rows:,} rows", budget)
+
+
+def check_fetched(
+    file: FileRef,
+    footer: ParquetFooter,
+    plans: Sequence[RowGroupPlan],
+    fetched: Sequence[Mapping[tuple[int, int], BufferLike]],
+    budget: DecodeBudget | None,
+) -> None:
+    """A ``DecodeError`` if ``plans`` (with their fetched buffers, as ``decode_row_group``
+    takes them) surely decode past ``budget``: their flat floor plus the values their list
+    columns' pages announce (``least_list_bytes``), before they are decoded."""
+    if budget is None:
+        return
+    pairs = list(zip(plans, fetched, strict=True))
+    for group in [pairs] if budget.whole_file else [[pair] for pair in pairs]:
+        lists = sum(least_list_bytes(footer, p, buffers) for p, buffers in group)
+        least = sum(p.least_decoded for p, _ in group) + lists
+        if least > budget.limit:
+            why = f"{lists:,} bytes of them the values its list columns' pages announce"
+            raise _over_budget(file, [p for p, _ in group], least, why, budget)
+
+
+def _over_budget(
+    file: FileRef, plans: Sequence[RowGroupPlan], least: int, why: str, budget: DecodeBudget
+) -> DecodeError:
+    """The error of row groups that surely decode to more than ``budget``."""
+    what = file.path if budget.whole_file else f"{file.path}: row group {plans[0].row_group}"
     return DecodeError(
-        f"{file.path}: row group {row_group} decodes to at least {least:,} bytes ({why}), "
-        f"more than the readahead may hold (StreamOptions.prefetch_bytes={budget:,}); a "
-        f"row group is decoded whole: raise prefetch_bytes to at least {least:,} to read "
-        f"it ({file.url})"
+        f"{what} decodes to at least {least:,} bytes ({why}), {budget.explain(least)} ({file.url})"
     )
 
 
@@ -554,7 +618,7 @@ def _read_columns(
         meta.column(i).total_compressed_size for c in columns for i in footer.leaf_columns[c]
     )
     batch = min(batch, max(_MIN_BATCH_ROWS, _BATCH_ROWS_PER_BYTE * chunk_bytes))
-    native = pa.PythonFile(_RangeFile(footer.name, footer.file_size, buffers), mode="r")
+    native = pa.PythonFile(RangeFile(footer.name, footer.file_size, buffers), mode="r")
     try:
         with pq.ParquetFile(
             native,
@@ -692,77 +756,6 @@ def _merge(ranges: list[tuple[int, int]]) -> tuple[tuple[int, int], ...]:
     return tuple(merged)
 
 
-class _RangeFile:
-    """A read-only file of ``size`` bytes of which only the given ranges are present.
-
-    Handed to pyarrow through ``pa.PythonFile``: pyarrow seeks and reads whole
-    column chunks, and each read returns a zero-copy view of a fetched buffer.
-    A read of bytes that no buffer holds is a planning bug and raises.
-    """
-
-    mode = "rb"
-
-    def __init__(self, name: str, size: int, buffers: Mapping[tuple[int, int], BufferLike]):
-        self._name = name
-        self._size = size
-        self._position = 0
-        self.closed = False
-        pieces = []
-        for (start, end), buffer in buffers.items():
-            view = memoryview(buffer).cast("B")
-            if not 0 <= start <= end <= size or len(view) != end - start:
-                raise ValueError(
-                    f"buffer for bytes [{start}, {end}) of {name} ({size} bytes) "
-                    f"holds {len(view)} bytes"
-                )
-            pieces.append((start, end, view))
-        pieces.sort(key=lambda piece: piece[0])
-        self._pieces = pieces
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def writable(self) -> bool:
-        return False
-
-    def tell(self) -> int:
-        return self._position
-
-    def seek(self, offset: int, whence: int = 0) -> int:
-        base = (0, self._position, self._size)[whence]
-        self._position = base + offset
-        return self._position
-
-    def read(self, nbytes: int = -1) -> Any:
-        start = self._position
-        end = self._size if nbytes is None or nbytes < 0 else min(start + nbytes, self._size)
-        if end <= start:
-            return b""
-        self._position = end
-        parts = []
-        position = start
-        for piece_start, piece_end, view in self._pieces:
-            if piece_end <= position or piece_start > position:
-                continue
-            take = min(end, piece_end)
-            parts.append(view[position - piece_start : take - piece_start])
-            position = take
-            if position == end:
-                break
-        if position != end:
-            raise ValueError(
-                f"pyarrow read bytes [{start}, {end}) of {self._name}, but no buffer given "
-                f"holds bytes from {position}: pass buffers for every range of the plan"
-            )
-        return parts[0] if len(parts) == 1 else b"".join(parts)
-
-    def close(self) -> None:
-        self.closed = True
-
-
 def piece_buffers(
     ranges: Sequence[tuple[int, int]], pieces: Sequence[Sequence[tuple[int, BufferLike]]]
 ) -> dict[tuple[int, int], BufferLike]:
@@ -817,13 +810,19 @@ class ParquetDecoder(Decoder[ParquetUnit]):
         self, file: FileRef, source: ByteSource, request: ReadRequest
     ) -> list[ParquetUnit]:
         footer, _, _ = await read_footer(source, file, file.url)
+        return self.units(footer, file, request, readahead_budget(request))
+
+    def units(
+        self,
+        footer: ParquetFooter,
+        file: FileRef,
+        request: ReadRequest,
+        budget: DecodeBudget | None,
+    ) -> list[ParquetUnit]:
+        """The units of a file whose footer is read: its row groups planned for
+        ``request``, refused if they surely decode past ``budget`` (``check_plans``)."""
         plans = plan_row_groups(footer, request.columns, filter=request.filter)
-        budget = request.max_unit_bytes
-        over = next((p for p in plans if budget is not None and p.least_decoded > budget), None)
-        if over is not None:
-            assert budget is not None
-            why = f"{over.num_rows:,} rows"
-            raise _over_budget(file, over.row_group, over.least_decoded, why, budget)
+        check_plans(file, plans, budget)
         return [
             ParquetUnit(
                 file,
@@ -870,13 +869,7 @@ class ParquetDecoder(Decoder[ParquetUnit]):
     ) -> pa.Table:
         assert unit.footer is not None
         assert unit.plan is not None
-        budget = request.max_unit_bytes
-        if budget is not None:
-            lists = least_list_bytes(unit.footer, unit.plan, fetched)
-            least = unit.plan.least_decoded + lists
-            if least > budget:
-                why = f"{lists:,} bytes of them the values its list columns' pages announce"
-                raise _over_budget(unit.file, unit.plan.row_group, least, why, budget)
+        check_fetched(unit.file, unit.footer, [unit.plan], [fetched], readahead_budget(request))
         return decode_row_group(
             unit.footer,
             unit.plan,
@@ -884,3 +877,27 @@ class ParquetDecoder(Decoder[ParquetUnit]):
             filter=request.filter,
             verify_checksums=request.verify_checksums,
         )
+
+
+def decode_units(
+    footer: ParquetFooter,
+    units: Sequence[ParquetUnit],
+    fetched: Sequence[Mapping[tuple[int, int], BufferLike]],
+    request: ReadRequest,
+    budget: DecodeBudget | None,
+) -> pa.Table:
+    """A table read whole: ``units`` (``ParquetDecoder.units`` of one file, fetched by
+    ``fetch_many``) checked against ``budget`` together (``check_fetched``), then decoded
+    and joined; with no unit, an empty table of the columns asked for."""
+    plans = [unit.plan for unit in units if unit.plan is not None]
+    if not plans:
+        names = list(request.columns) if request.columns is not None else footer.schema.names
+        return pa.schema([footer.schema.field(n) for n in names]).empty_table()
+    check_fetched(units[0].file, footer, plans, fetched, budget)
+    tables = [
+        decode_row_group(
+            footer, plan, buffers, filter=request.filter, verify_checksums=request.verify_checksums
+        )
+        for plan, buffers in zip(plans, fetched, strict=True)
+    ]
+    return pa.concat_tables(tables)

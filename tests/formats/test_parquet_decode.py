@@ -793,3 +793,37 @@ def test_a_footer_row_count_its_row_groups_contradict_is_a_warning(
         "repeated_no_annotation.parquet: its footer says 0 rows, but its 1 row groups "
         "hold 6; reading the row groups' rows, as pyarrow does"
     ]
+
+
+def test_a_whole_file_budget_bounds_its_row_groups_together(tmp_path: Path) -> None:
+    """A table read whole (LeRobot's) holds all its row groups at once: DecodeBudget's
+    whole_file sums them, where a stream's readahead bounds each alone; both before any
+    decode, by the flat floor at the plan and with the list pages' values after fetching."""
+    from aiostream_hf._models import FileRef
+    from aiostream_hf.formats import ReadRequest
+    from aiostream_hf.formats.parquet import DecodeBudget, ParquetDecoder, decode_units
+
+    path = tmp_path / "four.parquet"
+    table = pa.table({"x": pa.array(range(400), pa.int64()), "l": [[i] * 3 for i in range(400)]})
+    pq.write_table(table, path, row_group_size=100)
+    data = path.read_bytes()
+    file = FileRef(url=path.as_uri(), path=path.name, size=len(data))
+    footer = parse_footer(data, len(data), path.name)
+    request = ReadRequest()
+    each = ParquetDecoder().units(footer, file, request, None)
+    fetched = [{(0, len(data)): data} for _ in each]
+    assert [u.plan.least_decoded for u in each if u.plan] == [800] * 4  # 100 int64s each
+
+    def budget(limit: int, whole: bool) -> DecodeBudget:
+        return DecodeBudget(limit, lambda least: f"over {limit}", whole_file=whole)
+
+    with pytest.raises(DecodeError, match=r"^four\.parquet decodes to at least 3,200 bytes \(400"):
+        ParquetDecoder().units(footer, file, request, budget(3199, True))
+    assert len(ParquetDecoder().units(footer, file, request, budget(800, False))) == 4
+    # 400 rows x 3 int64 list values = 9,600 bytes more, announced by the pages
+    units = ParquetDecoder().units(footer, file, request, budget(3200, True))
+    with pytest.raises(DecodeError, match=r"at least 12,800 bytes \(9,600 bytes of them the val"):
+        decode_units(footer, units, fetched, request, budget(12_799, True))
+    assert decode_units(footer, units, fetched, request, budget(12_800, True)).equals(
+        pq.read_table(path)
+    )
