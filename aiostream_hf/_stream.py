@@ -33,6 +33,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ._client import HubClient
+from ._decode_pool import decoding
 from ._engine import (
     Engine,
     EngineStatistics,
@@ -596,12 +597,13 @@ class Stream(Engine["tuple[_Tag, Any]"]):
         """Decode each unit in turn; a unit that fails ends the run with its error in
         place of its table, so that the units before it are still delivered."""
         loaded: list[tuple[_Tag, Any]] = []
-        for (unit, tag), data in zip(group, fetched, strict=True):
-            try:
-                loaded.append((tag, self._decode(decoder, unit, data, tag)))
-            except Exception as exc:
-                loaded.append((tag, _Failed(exc)))
-                break
+        with decoding():  # a large row group's columns on the process's decode threads
+            for (unit, tag), data in zip(group, fetched, strict=True):
+                try:
+                    loaded.append((tag, self._decode(decoder, unit, data, tag)))
+                except Exception as exc:
+                    loaded.append((tag, _Failed(exc)))
+                    break
         return loaded
 
     def _decode(self, decoder: Decoder[Any], unit: Unit, fetched: Any, tag: _Tag) -> Any:

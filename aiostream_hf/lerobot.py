@@ -97,6 +97,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ._client import HubClient
+from ._decode_pool import decoding
 from ._engine import (
     Engine,
     EngineStatistics,
@@ -122,13 +123,8 @@ from ._prefetch import Job
 from ._received import Received
 from ._resolver import Resolver
 from ._sources import HubSource, S3Source, has_glob, parse_sources
-from .formats import ByteSource
-from .formats.parquet import (
-    decode_row_group,
-    piece_buffers,
-    plan_row_groups,
-    read_footer,
-)
+from .formats import ByteSource, ReadRequest
+from .formats.parquet import DecodeBudget, ParquetDecoder, decode_units, read_footer
 from .video import VideoReader, VideoStatistics
 
 __all__ = [
@@ -171,8 +167,9 @@ _MAX_TABLE_BYTES = 256 * 1024 * 1024
 _MAX_TABLE_EXPANSION = 64
 """A LeRobot table (episodes metadata, a data file) is read whole: one that decodes to
 at least the larger of ``_MAX_TABLE_BYTES`` and ``_MAX_TABLE_EXPANSION`` times its file
-(by the row groups' floor, ``RowGroupPlan.least_decoded``) is refused as damaged. Real
-ones decode to a few times their size."""
+(by the Parquet decoder's checks on all its row groups together: their flat floor,
+``RowGroupPlan.least_decoded``, and the values their list columns' pages announce) is
+refused as damaged. Real ones decode to a few times their size."""
 _MAX_TEMPLATE_FIELDS = 16
 """Most fields in a path template (LeRobot's have two to four)."""
 _MAX_PATH = 4096
@@ -975,6 +972,9 @@ async def _read_meta_file(source: ByteSource, root: _Root, path: str, what: str)
         raise
 
 
+_PARQUET = ParquetDecoder()
+
+
 async def _read_parquet(
     source: ByteSource,
     file: FileRef,
@@ -984,30 +984,32 @@ async def _read_parquet(
     filter: pc.Expression | None = None,
 ) -> pa.Table:
     """A Parquet file's selected columns (``keep(names)`` picks them), read with one tail
-    read plus one request for the bytes of their row groups the tail does not hold."""
+    read plus one request for the bytes of their row groups the tail does not hold.
+
+    Read by the stream's Parquet decoder, with its checks: the table is read whole, so
+    its row groups together must not surely decode past the larger of _MAX_TABLE_BYTES
+    and _MAX_TABLE_EXPANSION times the file (their flat floor at the plan, and the values
+    their list columns' pages announce before decoding)."""
     received = Received(source)
     footer, _, _ = await read_footer(received, file, file.path)
     if keep is not None:
         columns = keep(footer.schema.names)
-    plans = plan_row_groups(footer, columns, filter=filter)
-    least = sum(p.least_decoded for p in plans)
+    request = ReadRequest(columns=None if columns is None else tuple(columns), filter=filter)
     most = max(_MAX_TABLE_BYTES, _MAX_TABLE_EXPANSION * footer.file_size)
-    if least > most:
-        raise DecodeError(
-            f"{file.path} decodes to at least {least:,} bytes ({footer.num_rows:,} rows), "
-            f"over {most:,} for a file of {footer.file_size:,} bytes: a metadata or data "
-            f"table of a LeRobot dataset is read whole, and this one is damaged or not one"
-        )
-    ranges = sorted({r for p in plans for r in p.ranges})
-    buffers = piece_buffers(ranges, await received.read_pieces(file, ranges))
+    budget = DecodeBudget(
+        most,
+        lambda _: (
+            f"over {most:,} for a file of {footer.file_size:,} bytes: a metadata or data table "
+            f"of a LeRobot dataset is read whole, and this one is damaged or not one"
+        ),
+        whole_file=True,
+    )
+    units = _PARQUET.units(footer, file, request, budget)
+    fetched = await _PARQUET.fetch_many(units, received)
 
     def decode() -> pa.Table:
-        tables = [decode_row_group(footer, p, buffers, filter=filter) for p in plans]
-        if tables:
-            return pa.concat_tables(tables)
-        schema = footer.schema
-        names = list(columns) if columns is not None else schema.names
-        return pa.schema([schema.field(n) for n in names]).empty_table()
+        with decoding():
+            return decode_units(footer, units, fetched, request, budget)
 
     return await anyio.to_thread.run_sync(decode)
 

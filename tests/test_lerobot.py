@@ -1092,3 +1092,36 @@ async def test_a_table_that_decodes_past_its_bound_is_refused_before_decoding(
     s = lerobot.stream(datasets["v3-av1"].path, options=options)
     with pytest.raises(DecodeError, match=r"decodes to at least [\d,]+ bytes .* over 64 for a"):
         await collect(s)
+
+
+async def test_a_table_whose_list_pages_announce_past_its_bound_is_refused_before_decoding(
+    datasets: dict[str, LeRobotLayout],
+    options: StreamOptions,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """LeRobot's tables go through the stream's Parquet checks: besides the row groups'
+    flat floor, the values their list columns' pages announce (one row may hold any
+    number of them: a 148-byte file of 2**28 int32s took 2.9 GB). Here the bound is set
+    over every table's flat floor and under a data file's floor with its lists
+    (observation.state and action are lists of 6 floats)."""
+    from aiostream_hf.formats.parquet import least_list_bytes, parse_footer, plan_row_groups
+
+    flat, lists = {}, {}
+    for path in sorted(datasets["v3-av1"].path.rglob("*.parquet")):
+        data = path.read_bytes()
+        footer = parse_footer(data, len(data), path.name)
+        columns = [c for c in footer.schema.names if not c.startswith("stats/")]
+        plans = plan_row_groups(footer, columns)
+        flat[path] = sum(p.least_decoded for p in plans)
+        lists[path] = sum(least_list_bytes(footer, p, {(0, len(data)): data}) for p in plans)
+    bound = max(flat.values())
+    assert any(flat[p] + lists[p] > bound for p in flat if "data" in p.parts)
+    monkeypatch.setattr(lerobot, "_MAX_TABLE_BYTES", bound)
+    monkeypatch.setattr(lerobot, "_MAX_TABLE_EXPANSION", 0)
+    s = lerobot.stream(datasets["v3-av1"].path, options=options)
+    with pytest.raises(
+        DecodeError,
+        match=rf"data/chunk-\d+/file-\d+\.parquet decodes to at least [\d,]+ bytes \([\d,]+ bytes "
+        rf"of them the values its list columns' pages announce\), over {bound:,} for a file",
+    ):
+        await collect(s)

@@ -821,3 +821,53 @@ async def test_a_footer_of_too_many_row_groups_is_refused_before_it_is_parsed(
         await _collect(ash.stream(str(path), options=_options(tmp_path)))
     monkeypatch.setattr(parquet_module, "MAX_ROW_GROUPS", 5)
     assert len(await _collect(ash.stream(str(path), options=_options(tmp_path)))) == 5
+
+
+PARQUET_TESTING = Path(__file__).parent / "data" / "parquet-testing"
+
+
+async def test_a_file_whose_footer_miscounts_its_rows_streams_as_pyarrow_reads_it(
+    root: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """parquet-testing's repeated_no_annotation.parquet: its footer says 0 rows, its row
+    group holds 6. Read from a local file and from the Hub, as pyarrow's read_table."""
+    fixture = PARQUET_TESTING / "repeated_no_annotation.parquet"
+    expected = pq.read_table(fixture)
+    assert expected.num_rows == 6
+    repo = make_repo(root, "org/miscounted", {"README.md": "# miscounted\n"})
+    (repo / "data").mkdir()
+    (repo / "data" / fixture.name).write_bytes(fixture.read_bytes())
+    with caplog.at_level("WARNING", logger="aiostream_hf"), HubServer(root) as hub:
+        local = ash.stream(str(fixture), options=_options(tmp_path), output="arrow")
+        assert pa.Table.from_batches(await _collect(local)).equals(expected)
+        source = f"hf://datasets/org/miscounted/data/{fixture.name}"
+        remote = ash.stream(source, endpoint=hub.endpoint, options=_options(tmp_path))
+        assert await _collect(remote) == expected.to_pylist()
+    warned = [r.getMessage() for r in caplog.records if "its footer says 0 rows" in r.getMessage()]
+    assert len(warned) == 2, warned
+
+
+async def test_the_stream_decodes_a_large_row_groups_columns_on_its_decode_threads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The engine's decode pool (aiostream_hf._decode_pool), not formats/, runs a row
+    group's column groups side by side."""
+    import aiostream_hf.formats.parquet as parquet_module
+
+    monkeypatch.setattr(parquet_module, "_PARALLEL_MIN_BYTES", 1)
+    monkeypatch.setattr(parquet_module, "usable_cpus", lambda: 2)
+    path = tmp_path / "wide.parquet"
+    table = pa.table({"a": list(range(1000)), "b": [f"b{i}" for i in range(1000)]})
+    pq.write_table(table, path, row_group_size=1000)
+    threads: list[str] = []
+    iter_batches = pq.ParquetFile.iter_batches
+
+    def spy(self: pq.ParquetFile, batch_size: int, **kw: Any) -> Any:
+        threads.append(threading.current_thread().name)
+        return iter_batches(self, batch_size, **kw)
+
+    monkeypatch.setattr(pq.ParquetFile, "iter_batches", spy)
+    s = ash.stream(str(path), options=_options(tmp_path), output="arrow")
+    assert pa.Table.from_batches(await _collect(s)).equals(pq.read_table(path))
+    assert len(threads) == 2
+    assert all(name.startswith("aiostream-parquet") for name in threads), threads

@@ -20,8 +20,9 @@ may coalesce or split them further, and ``decode_row_group`` accepts any set of
 buffers that covers them (for example the tail itself, for a small file).
 
 No length or count in a file is trusted: the footer must fit in the file and in
-``MAX_FOOTER_SIZE`` before it is read, the row counts of the footer must add up,
-every column chunk planned must lie between the leading magic and the footer, a
+``MAX_FOOTER_SIZE`` before it is read, no row group may say fewer than 0 rows (a
+file total that disagrees with its row groups is only a warning, as pyarrow ignores
+it), every column chunk planned must lie between the leading magic and the footer, a
 decoded row group must have the rows its footer says, and page CRCs are verified
 where the file has them (``verify_checksums``). Anything else is a ``DecodeError``
 naming the file (and the row group).
@@ -29,15 +30,15 @@ naming the file (and the row group).
 
 from __future__ import annotations
 
-import os
+import logging
 import re
 import struct
-import threading
-from collections.abc import Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, TypeAlias
+from typing import Any, Protocol, TypeVar
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -46,25 +47,36 @@ import pyarrow.parquet as pq
 from .._exceptions import DecodeError, SourceError
 from .._models import FileRef
 from . import ByteSource, Decoder, ReadRequest, Unit
+from ._range_file import BufferLike as BufferLike
+from ._range_file import RangeFile
 from ._split import usable_cpus
 from ._thrift import chunk_values, row_group_count
+
+logger = logging.getLogger("aiostream_hf")
 
 __all__ = [
     "MAX_FOOTER_SIZE",
     "MAX_ROW_GROUPS",
     "BufferLike",
+    "DecodeBudget",
+    "Parallel",
     "ParquetDecoder",
     "ParquetFooter",
     "ParquetUnit",
     "RowGroupPlan",
     "TAIL_READ_SIZE",
+    "check_fetched",
+    "check_plans",
     "decode_row_group",
+    "decode_units",
     "footer_length",
+    "parallel_parts",
     "parse_footer",
     "plan_row_groups",
     "piece_buffers",
     "prune_row_groups",
     "read_footer",
+    "readahead_budget",
     "tail_range",
 ]
 
@@ -97,9 +109,6 @@ _MIN_SPLIT_ROWS = 64
 
 _PARQUET_MR_VERSION = re.compile(r"^parquet-mr\s+version\s+(\d+)\.(\d+)\.(\d+)")
 
-BufferLike: TypeAlias = bytes | bytearray | memoryview | pa.Buffer
-"""What a fetched byte range may be handed over as; none of them is copied."""
-
 
 @dataclass(frozen=True, eq=False)
 class ParquetFooter:
@@ -116,10 +125,11 @@ class ParquetFooter:
     """The leaf column indices (column chunks) of each top-level column, in file order."""
     metadata_file: pa.Buffer = field(repr=False)
     """The footer as a standalone ``_metadata`` file: ``PAR1`` + footer."""
-
-    @property
-    def num_rows(self) -> int:
-        return int(self.metadata.num_rows)
+    num_rows: int
+    """The rows its row groups hold, which are what is read. The footer's own total
+    (``metadata.num_rows``) sizes nothing: some writers got it wrong (parquet-rs 0.3.0
+    wrote 0), and a file whose total disagrees is read as pyarrow reads it, with a
+    warning (``parse_footer``)."""
 
     @property
     def num_row_groups(self) -> int:
@@ -227,7 +237,7 @@ def parse_footer(tail: BufferLike, file_size: int, name: str) -> ParquetFooter:
             paths: list[list[str]] = pf.reader.column_paths
     except (pa.ArrowException, OSError) as exc:
         raise DecodeError(f"cannot read the Parquet footer of {name}: {exc}") from exc
-    _check_row_counts(metadata, name)
+    rows = _row_group_rows(metadata, name)
     leaves: dict[str, list[int]] = {}
     for index, path in enumerate(paths):
         leaves.setdefault(path[0], []).append(index)
@@ -238,23 +248,36 @@ def parse_footer(tail: BufferLike, file_size: int, name: str) -> ParquetFooter:
         schema=schema,
         leaf_columns={column: tuple(indices) for column, indices in leaves.items()},
         metadata_file=metadata_file,
+        num_rows=rows,
     )
 
 
-def _check_row_counts(metadata: pq.FileMetaData, name: str) -> None:
-    """The footer's row counts are not negative and those of its row groups add up."""
-    total = int(metadata.num_rows)
+def _row_group_rows(metadata: pq.FileMetaData, name: str) -> int:
+    """The rows the footer's row groups hold, none of them negative.
+
+    A file total that disagrees is a warning, not an error: pyarrow reads the row
+    groups and ignores it, and so does every reader here (nothing is sized by it). Each
+    row group's count is still checked where it matters: it bounds the least its
+    decode holds (``RowGroupPlan.least_decoded``, against ``prefetch_bytes``), and a
+    row group that decodes to other rows than it says is a ``DecodeError``.
+    """
     counts = [int(metadata.row_group(i).num_rows) for i in range(metadata.num_row_groups)]
     bad = next((i for i, count in enumerate(counts) if count < 0), None)
     if bad is not None:
         raise DecodeError(
             f"{name} is corrupt: row group {bad} of its footer says {counts[bad]} rows"
         )
-    if total != sum(counts):
-        raise DecodeError(
-            f"{name} is corrupt: its footer says {total} rows, but its "
-            f"{len(counts)} row groups hold {sum(counts)}"
+    total, rows = int(metadata.num_rows), sum(counts)
+    if total != rows:
+        logger.warning(
+            "%s: its footer says %s rows, but its %s row groups hold %s; reading the row "
+            "groups' rows, as pyarrow does",
+            name,
+            f"{total:,}",
+            f"{len(counts):,}",
+            f"{rows:,}",
         )
+    return rows
 
 
 def prune_row_groups(footer: ParquetFooter, filter: pc.Expression) -> list[int]:
@@ -358,7 +381,7 @@ def least_list_bytes(
     if not lists:
         return 0
     row_group = footer.metadata.row_group(plan.row_group)
-    file = _RangeFile(footer.name, footer.file_size, buffers)
+    file = RangeFile(footer.name, footer.file_size, buffers)
 
     def read(offset: int, n: int) -> bytes:
         file.seek(offset)
@@ -372,13 +395,73 @@ def least_list_bytes(
     return total
 
 
-def _over_budget(file: FileRef, row_group: int, least: int, why: str, budget: int) -> DecodeError:
-    """The error of a row group that surely decodes to more than ``budget`` bytes."""
+@dataclass(frozen=True)
+class DecodeBudget:
+    """The most bytes decoded row groups may hold, checked before anything is decoded
+    (``check_plans``, ``check_fetched``): each row group alone (a stream's readahead,
+    ``readahead_budget``), or, ``whole_file``, all those of a file read together (a
+    table read whole, ``decode_units``). ``explain(least)`` ends the refusal: what the
+    bound is and the way out."""
+
+    limit: int
+    explain: Callable[[int], str]
+    whole_file: bool = False
+
+
+def readahead_budget(request: ReadRequest) -> DecodeBudget | None:
+    """The stream's bound on one row group: ``request.max_unit_bytes`` (prefetch_bytes)."""
+    limit = request.max_unit_bytes
+    if limit is None:
+        return None
+    return DecodeBudget(
+        limit,
+        lambda least: (
+            f"more than the readahead may hold (StreamOptions.prefetch_bytes={limit:,}); a "
+            f"row group is decoded whole: raise prefetch_bytes to at least {least:,} to read it"
+        ),
+    )
+
+
+def check_plans(file: FileRef, plans: Sequence[RowGroupPlan], budget: DecodeBudget | None) -> None:
+    """A ``DecodeError`` if the rows of ``plans`` surely decode past ``budget`` (by their
+    flat floor, ``RowGroupPlan.least_decoded``): at the plan, before any byte is read."""
+    if budget is None:
+        return
+    for group in [plans] if budget.whole_file else [[p] for p in plans]:
+        least = sum(p.least_decoded for p in group)
+        if least > budget.limit:
+            rows = sum(p.num_rows for p in group)
+            raise _over_budget(file, group, least, f"{rows:,} rows", budget)
+
+
+def check_fetched(
+    file: FileRef,
+    footer: ParquetFooter,
+    plans: Sequence[RowGroupPlan],
+    fetched: Sequence[Mapping[tuple[int, int], BufferLike]],
+    budget: DecodeBudget | None,
+) -> None:
+    """A ``DecodeError`` if ``plans`` (with their fetched buffers, as ``decode_row_group``
+    takes them) surely decode past ``budget``: their flat floor plus the values their list
+    columns' pages announce (``least_list_bytes``), before they are decoded."""
+    if budget is None:
+        return
+    pairs = list(zip(plans, fetched, strict=True))
+    for group in [pairs] if budget.whole_file else [[pair] for pair in pairs]:
+        lists = sum(least_list_bytes(footer, p, buffers) for p, buffers in group)
+        least = sum(p.least_decoded for p, _ in group) + lists
+        if least > budget.limit:
+            why = f"{lists:,} bytes of them the values its list columns' pages announce"
+            raise _over_budget(file, [p for p, _ in group], least, why, budget)
+
+
+def _over_budget(
+    file: FileRef, plans: Sequence[RowGroupPlan], least: int, why: str, budget: DecodeBudget
+) -> DecodeError:
+    """The error of row groups that surely decode to more than ``budget``."""
+    what = file.path if budget.whole_file else f"{file.path}: row group {plans[0].row_group}"
     return DecodeError(
-        f"{file.path}: row group {row_group} decodes to at least {least:,} bytes ({why}), "
-        f"more than the readahead may hold (StreamOptions.prefetch_bytes={budget:,}); a "
-        f"row group is decoded whole: raise prefetch_bytes to at least {least:,} to read "
-        f"it ({file.url})"
+        f"{what} decodes to at least {least:,} bytes ({why}), {budget.explain(least)} ({file.url})"
     )
 
 
@@ -394,18 +477,31 @@ def _least_row_bytes(footer: ParquetFooter, indices: Sequence[int]) -> int:
     return total
 
 
-_POOL: ThreadPoolExecutor | None = None
-_POOL_LOCK = threading.Lock()
+_T = TypeVar("_T")
 
 
-def _pool() -> ThreadPoolExecutor:
-    """One long-lived pool for column-group decoding: a new pool per row group gave
-    every row group fresh threads, and so fresh allocator heaps (memory and time)."""
-    global _POOL
-    with _POOL_LOCK:
-        if _POOL is None:
-            _POOL = ThreadPoolExecutor(os.cpu_count() or 2, thread_name_prefix="aiostream-parquet")
-        return _POOL
+class Parallel(Protocol):
+    """Runs independent calls side by side and returns their results in order: how a
+    decode may spread one row group's column groups over threads. The engine gives its
+    decode threads (``aiostream_hf._decode_pool.run_all``); nothing in ``formats`` owns
+    a thread. An exception of a call is raised (after the others end)."""
+
+    def __call__(self, calls: Sequence[Callable[[], _T]], /) -> list[_T]: ...
+
+
+_PARALLEL: ContextVar[Parallel | None] = ContextVar("aiostream_hf_parquet_parallel", default=None)
+
+
+@contextmanager
+def parallel_parts(run: Parallel | None) -> Iterator[None]:
+    """Within this block (on this thread, in this context), ``decode_row_group`` (and so
+    ``ParquetDecoder.decode``) decodes a large row group's column groups through ``run``;
+    outside, or with None, all its columns on the calling thread at once."""
+    token = _PARALLEL.set(run)
+    try:
+        yield
+    finally:
+        _PARALLEL.reset(token)
 
 
 def decode_row_group(
@@ -423,11 +519,13 @@ def decode_row_group(
     cut ones). They are read in place, never copied, and the table does not
     refer to them: they can be freed once this returns. ``filter`` must be the
     one given to ``plan_row_groups``. The table keeps the schema's key-value
-    metadata. Large row groups are decoded on several threads, joined before
-    this returns. ``verify_checksums``: check the CRC of every page that has one;
+    metadata. Within ``parallel_parts(run)``, a large row group is decoded in column
+    groups through ``run`` (the engine's threads), joined before this returns; else on
+    the calling thread. ``verify_checksums``: check the CRC of every page that has one;
     a mismatch (the bytes changed since they were written) is a ``DecodeError``.
     """
-    groups = _column_groups(footer, plan)
+    run = _PARALLEL.get()
+    groups = _column_groups(footer, plan) if run is not None else [list(plan.read_columns)]
     read = partial(
         _read_columns,
         footer,
@@ -440,7 +538,8 @@ def decode_row_group(
         if len(groups) == 1:
             table = read(groups[0])
         else:
-            parts = list(_pool().map(read, groups))
+            assert run is not None
+            parts = run([partial(read, group) for group in groups])
             fields = {field.name: (part, field) for part in parts for field in part.schema}
             table = pa.Table.from_arrays(
                 [fields[name][0].column(name) for name in plan.read_columns],
@@ -519,7 +618,7 @@ def _read_columns(
         meta.column(i).total_compressed_size for c in columns for i in footer.leaf_columns[c]
     )
     batch = min(batch, max(_MIN_BATCH_ROWS, _BATCH_ROWS_PER_BYTE * chunk_bytes))
-    native = pa.PythonFile(_RangeFile(footer.name, footer.file_size, buffers), mode="r")
+    native = pa.PythonFile(RangeFile(footer.name, footer.file_size, buffers), mode="r")
     try:
         with pq.ParquetFile(
             native,
@@ -539,7 +638,8 @@ def _read_columns(
 
 
 def _column_groups(footer: ParquetFooter, plan: RowGroupPlan) -> list[list[str]]:
-    """Split the columns to read into groups of similar decoded size, one per thread."""
+    """Split the columns to read into groups of similar decoded size, one per thread
+    (as many as the cores this process may use, each of at least _PARALLEL_MIN_BYTES)."""
     row_group = footer.metadata.row_group(plan.row_group)
     sizes = {
         name: sum(row_group.column(i).total_uncompressed_size for i in footer.leaf_columns[name])
@@ -656,77 +756,6 @@ def _merge(ranges: list[tuple[int, int]]) -> tuple[tuple[int, int], ...]:
     return tuple(merged)
 
 
-class _RangeFile:
-    """A read-only file of ``size`` bytes of which only the given ranges are present.
-
-    Handed to pyarrow through ``pa.PythonFile``: pyarrow seeks and reads whole
-    column chunks, and each read returns a zero-copy view of a fetched buffer.
-    A read of bytes that no buffer holds is a planning bug and raises.
-    """
-
-    mode = "rb"
-
-    def __init__(self, name: str, size: int, buffers: Mapping[tuple[int, int], BufferLike]):
-        self._name = name
-        self._size = size
-        self._position = 0
-        self.closed = False
-        pieces = []
-        for (start, end), buffer in buffers.items():
-            view = memoryview(buffer).cast("B")
-            if not 0 <= start <= end <= size or len(view) != end - start:
-                raise ValueError(
-                    f"buffer for bytes [{start}, {end}) of {name} ({size} bytes) "
-                    f"holds {len(view)} bytes"
-                )
-            pieces.append((start, end, view))
-        pieces.sort(key=lambda piece: piece[0])
-        self._pieces = pieces
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def writable(self) -> bool:
-        return False
-
-    def tell(self) -> int:
-        return self._position
-
-    def seek(self, offset: int, whence: int = 0) -> int:
-        base = (0, self._position, self._size)[whence]
-        self._position = base + offset
-        return self._position
-
-    def read(self, nbytes: int = -1) -> Any:
-        start = self._position
-        end = self._size if nbytes is None or nbytes < 0 else min(start + nbytes, self._size)
-        if end <= start:
-            return b""
-        self._position = end
-        parts = []
-        position = start
-        for piece_start, piece_end, view in self._pieces:
-            if piece_end <= position or piece_start > position:
-                continue
-            take = min(end, piece_end)
-            parts.append(view[position - piece_start : take - piece_start])
-            position = take
-            if position == end:
-                break
-        if position != end:
-            raise ValueError(
-                f"pyarrow read bytes [{start}, {end}) of {self._name}, but no buffer given "
-                f"holds bytes from {position}: pass buffers for every range of the plan"
-            )
-        return parts[0] if len(parts) == 1 else b"".join(parts)
-
-    def close(self) -> None:
-        self.closed = True
-
-
 def piece_buffers(
     ranges: Sequence[tuple[int, int]], pieces: Sequence[Sequence[tuple[int, BufferLike]]]
 ) -> dict[tuple[int, int], BufferLike]:
@@ -781,13 +810,19 @@ class ParquetDecoder(Decoder[ParquetUnit]):
         self, file: FileRef, source: ByteSource, request: ReadRequest
     ) -> list[ParquetUnit]:
         footer, _, _ = await read_footer(source, file, file.url)
+        return self.units(footer, file, request, readahead_budget(request))
+
+    def units(
+        self,
+        footer: ParquetFooter,
+        file: FileRef,
+        request: ReadRequest,
+        budget: DecodeBudget | None,
+    ) -> list[ParquetUnit]:
+        """The units of a file whose footer is read: its row groups planned for
+        ``request``, refused if they surely decode past ``budget`` (``check_plans``)."""
         plans = plan_row_groups(footer, request.columns, filter=request.filter)
-        budget = request.max_unit_bytes
-        over = next((p for p in plans if budget is not None and p.least_decoded > budget), None)
-        if over is not None:
-            assert budget is not None
-            why = f"{over.num_rows:,} rows"
-            raise _over_budget(file, over.row_group, over.least_decoded, why, budget)
+        check_plans(file, plans, budget)
         return [
             ParquetUnit(
                 file,
@@ -834,13 +869,7 @@ class ParquetDecoder(Decoder[ParquetUnit]):
     ) -> pa.Table:
         assert unit.footer is not None
         assert unit.plan is not None
-        budget = request.max_unit_bytes
-        if budget is not None:
-            lists = least_list_bytes(unit.footer, unit.plan, fetched)
-            least = unit.plan.least_decoded + lists
-            if least > budget:
-                why = f"{lists:,} bytes of them the values its list columns' pages announce"
-                raise _over_budget(unit.file, unit.plan.row_group, least, why, budget)
+        check_fetched(unit.file, unit.footer, [unit.plan], [fetched], readahead_budget(request))
         return decode_row_group(
             unit.footer,
             unit.plan,
@@ -848,3 +877,27 @@ class ParquetDecoder(Decoder[ParquetUnit]):
             filter=request.filter,
             verify_checksums=request.verify_checksums,
         )
+
+
+def decode_units(
+    footer: ParquetFooter,
+    units: Sequence[ParquetUnit],
+    fetched: Sequence[Mapping[tuple[int, int], BufferLike]],
+    request: ReadRequest,
+    budget: DecodeBudget | None,
+) -> pa.Table:
+    """A table read whole: ``units`` (``ParquetDecoder.units`` of one file, fetched by
+    ``fetch_many``) checked against ``budget`` together (``check_fetched``), then decoded
+    and joined; with no unit, an empty table of the columns asked for."""
+    plans = [unit.plan for unit in units if unit.plan is not None]
+    if not plans:
+        names = list(request.columns) if request.columns is not None else footer.schema.names
+        return pa.schema([footer.schema.field(n) for n in names]).empty_table()
+    check_fetched(units[0].file, footer, plans, fetched, budget)
+    tables = [
+        decode_row_group(
+            footer, plan, buffers, filter=request.filter, verify_checksums=request.verify_checksums
+        )
+        for plan, buffers in zip(plans, fetched, strict=True)
+    ]
+    return pa.concat_tables(tables)

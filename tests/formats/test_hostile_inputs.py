@@ -437,7 +437,6 @@ DATA_PAGE, DICTIONARY_PAGE = (*CHUNK, 9), (*CHUNK, 11)
 @pytest.mark.parametrize(
     ("patches", "match"),
     [
-        ({FILE_ROWS: 10**12}, r"its footer says 1000000000000 rows, but its 1 row groups hold 200"),
         ({GROUP_ROWS: -5}, r"row group 0 of its footer says -5 rows"),
         ({DATA_PAGE: 1 << 40, DICTIONARY_PAGE: 1 << 40},
          r"column chunk 'id' of row group 0 claims bytes \[1099511627776, "),
@@ -457,6 +456,24 @@ def test_parquet_footer_values_are_checked(
     with pytest.raises(DecodeError, match=rf"^lying\.parquet.*{match}"):
         footer = _footer(data, "lying.parquet")
         plan_row_groups(footer)
+
+
+@pytest.mark.parametrize("total", [10**12, 2**63 - 1, -(2**63), -5, 0])
+def test_parquet_file_total_that_its_row_groups_contradict_is_a_warning(
+    text_parquet: tuple[bytes, pa.Table], total: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    """pyarrow ignores the footer's total rows; so does the decode (it sizes nothing:
+    each row group's own count bounds its decode, and is checked against its pages)."""
+    data, table = text_parquet
+    data = _with_footer_int(data, FILE_ROWS, total)
+    with caplog.at_level("WARNING", logger="aiostream_hf"):
+        footer = _footer(data, "lying.parquet")
+        assert footer.num_rows == 200
+        assert _decode_all(data, "lying.parquet").equals(table)
+    assert [r.getMessage() for r in caplog.records] == [
+        f"lying.parquet: its footer says {total:,} rows, but its 1 row groups hold 200; "
+        "reading the row groups' rows, as pyarrow does"
+    ] * 2
 
 
 def test_parquet_chunk_inside_the_footer(text_parquet: tuple[bytes, pa.Table]) -> None:

@@ -12,6 +12,7 @@ import decimal
 import itertools
 import json
 import random
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +24,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
+from aiostream_hf._decode_pool import decoding
 from aiostream_hf._exceptions import DecodeError, SourceError
 from aiostream_hf.formats import parquet
 from aiostream_hf.formats.parquet import (
@@ -257,10 +259,58 @@ def test_columns_decoded_on_several_threads(
     monkeypatch.setattr(parquet, "usable_cpus", lambda: 3)
     path = tmp_path / "threads.parquet"
     pq.write_table(rich, path, row_group_size=700)
-    result = assert_same_as_pyarrow(path, columns, pc.field("score") > 0.3)
+    with decoding():
+        result = assert_same_as_pyarrow(path, columns, pc.field("score") > 0.3)
     groups = parquet._column_groups(result.footer, result.plans[0])
     assert len(groups) == 3
     assert sorted(c for g in groups for c in g) == sorted(result.plans[0].read_columns)
+
+
+def test_column_groups_run_on_the_engines_threads_only_where_it_gives_them(
+    tmp_path: Path, rich: pa.Table, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """formats/ owns no thread: a decode splits its columns only within the engine's
+    decoding() (its pool's threads), else decodes them all at once on this thread."""
+    monkeypatch.setattr(parquet, "_PARALLEL_MIN_BYTES", 1)
+    monkeypatch.setattr(parquet, "usable_cpus", lambda: 3)
+    path = tmp_path / "where.parquet"
+    pq.write_table(rich, path, row_group_size=len(rich))
+    threads: list[tuple[str, int]] = []
+    iter_batches = pq.ParquetFile.iter_batches
+
+    def spy(self: pq.ParquetFile, batch_size: int, **kw: Any) -> Any:
+        threads.append((threading.current_thread().name, len(kw["columns"])))
+        return iter_batches(self, batch_size, **kw)
+
+    monkeypatch.setattr(pq.ParquetFile, "iter_batches", spy)
+    assert_same_as_pyarrow(path)
+    assert threads == [(threading.current_thread().name, len(rich.columns))]
+    threads.clear()
+    with decoding():
+        assert_same_as_pyarrow(path)
+    assert len(threads) == 3
+    assert all(name.startswith("aiostream-parquet") for name, _ in threads), threads
+    assert sum(n for _, n in threads) == len(rich.columns)
+    threads.clear()
+    assert_same_as_pyarrow(path)  # the scope ended with its block
+    assert len(threads) == 1
+
+
+def test_formats_import_no_concurrency_machinery() -> None:
+    """Decoders do no I/O and start nothing: no module of formats/ imports anyio or a
+    thread pool (webdataset.py's async driver is to move out next: issue 30)."""
+    import ast
+
+    folder = Path(parquet.__file__).parent
+    found = {}
+    for module in sorted(folder.glob("*.py")):
+        tree = ast.parse(module.read_text())
+        names = [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
+        names += [n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]
+        bad = [n for n in names if n.split(".")[0] in ("anyio", "asyncio", "trio", "concurrent")]
+        if bad:
+            found[module.name] = sorted(set(bad))
+    assert found == {"webdataset.py": ["anyio", "anyio.to_thread"]}
 
 
 def test_a_row_group_decodes_in_even_batches_cut_alike_in_every_column(
@@ -274,14 +324,16 @@ def test_a_row_group_decodes_in_even_batches_cut_alike_in_every_column(
     # about a fifth of the first row group per batch: five even batches of 200 rows
     monkeypatch.setattr(parquet, "_BATCH_BYTES", -(-plans[0].uncompressed // 5))
     monkeypatch.setattr(parquet, "_MIN_SPLIT_ROWS", 1)
-    result = assert_same_as_pyarrow(path)
+    with decoding():
+        result = assert_same_as_pyarrow(path)
     first = result.tables[0]
     assert len(parquet._column_groups(result.footer, result.plans[0])) == 3
     for column in first.columns:
         assert [len(chunk) for chunk in column.chunks] == [200] * 5
     # A floor of rows per batch: a row group is not cut into batches of a few rows.
     monkeypatch.setattr(parquet, "_MIN_SPLIT_ROWS", 400)
-    first = stream(path).tables[0]
+    with decoding():
+        first = stream(path).tables[0]
     assert [len(chunk) for chunk in first.column("id").chunks] == [400, 400, 200]
 
 
@@ -312,7 +364,8 @@ def test_each_column_group_bounds_its_batch_by_its_own_bytes(
         return iter_batches(self, batch_size, **kw)
 
     monkeypatch.setattr(pq.ParquetFile, "iter_batches", spy)
-    result = assert_same_as_pyarrow(path)
+    with decoding():
+        result = assert_same_as_pyarrow(path)
     flag_bytes = result.footer.metadata.row_group(0).column(0).total_compressed_size
     assert flag_bytes < n  # a run-length encoded constant: fewer bytes than rows
     assert asked == {("flag",): flag_bytes, ("text",): n}
@@ -717,3 +770,60 @@ def test_tail_must_hold_the_footer(prune_file: Path) -> None:
 )
 def test_parquet_816_padding_for_old_parquet_mr(created_by: str | None, padded: bool) -> None:
     assert _needs_parquet_816_padding(created_by) is padded
+
+
+# -- files written by other implementations (tests/data/parquet-testing) -----------------
+
+PARQUET_TESTING = Path(__file__).parent.parent / "data" / "parquet-testing"
+
+
+def test_a_footer_row_count_its_row_groups_contradict_is_a_warning(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """parquet-rs 0.3.0 wrote num_rows 0 in the footer of a file whose one row group holds
+    6 rows; pyarrow reads the 6 rows, and so do we, saying so in a warning."""
+    path = PARQUET_TESTING / "repeated_no_annotation.parquet"
+    assert pq.ParquetFile(path).metadata.num_rows == 0  # the file is as described
+    with caplog.at_level("WARNING", logger="aiostream_hf"):
+        result = assert_same_as_pyarrow(path)
+    assert result.table.num_rows == 6
+    assert result.footer.num_rows == 6  # the rows its row groups hold, which are read
+    warned = [r for r in caplog.records if r.name == "aiostream_hf" and r.levelname == "WARNING"]
+    assert [r.getMessage() for r in warned] == [
+        "repeated_no_annotation.parquet: its footer says 0 rows, but its 1 row groups "
+        "hold 6; reading the row groups' rows, as pyarrow does"
+    ]
+
+
+def test_a_whole_file_budget_bounds_its_row_groups_together(tmp_path: Path) -> None:
+    """A table read whole (LeRobot's) holds all its row groups at once: DecodeBudget's
+    whole_file sums them, where a stream's readahead bounds each alone; both before any
+    decode, by the flat floor at the plan and with the list pages' values after fetching."""
+    from aiostream_hf._models import FileRef
+    from aiostream_hf.formats import ReadRequest
+    from aiostream_hf.formats.parquet import DecodeBudget, ParquetDecoder, decode_units
+
+    path = tmp_path / "four.parquet"
+    table = pa.table({"x": pa.array(range(400), pa.int64()), "l": [[i] * 3 for i in range(400)]})
+    pq.write_table(table, path, row_group_size=100)
+    data = path.read_bytes()
+    file = FileRef(url=path.as_uri(), path=path.name, size=len(data))
+    footer = parse_footer(data, len(data), path.name)
+    request = ReadRequest()
+    each = ParquetDecoder().units(footer, file, request, None)
+    fetched = [{(0, len(data)): data} for _ in each]
+    assert [u.plan.least_decoded for u in each if u.plan] == [800] * 4  # 100 int64s each
+
+    def budget(limit: int, whole: bool) -> DecodeBudget:
+        return DecodeBudget(limit, lambda least: f"over {limit}", whole_file=whole)
+
+    with pytest.raises(DecodeError, match=r"^four\.parquet decodes to at least 3,200 bytes \(400"):
+        ParquetDecoder().units(footer, file, request, budget(3199, True))
+    assert len(ParquetDecoder().units(footer, file, request, budget(800, False))) == 4
+    # 400 rows x 3 int64 list values = 9,600 bytes more, announced by the pages
+    units = ParquetDecoder().units(footer, file, request, budget(3200, True))
+    with pytest.raises(DecodeError, match=r"at least 12,800 bytes \(9,600 bytes of them the val"):
+        decode_units(footer, units, fetched, request, budget(12_799, True))
+    assert decode_units(footer, units, fetched, request, budget(12_800, True)).equals(
+        pq.read_table(path)
+    )
