@@ -34,7 +34,7 @@ import aiostream_hf as ash
 import aiostream_hf.webdataset as ashwds
 from aiostream_hf import _mp4, video
 from aiostream_hf._exceptions import DecodeError
-from aiostream_hf.formats import webdataset as tar_module
+from aiostream_hf.formats import _tar as tar_module
 from aiostream_hf.formats.parquet import (
     MAX_FOOTER_SIZE,
     TAIL_READ_SIZE,
