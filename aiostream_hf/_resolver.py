@@ -89,7 +89,7 @@ import filelock
 import httpx2
 import yaml
 
-from . import _s3
+from . import _s3, formats
 from ._client import HubClient, RequestSigner, auth_headers, host_key, origin
 from ._exceptions import (
     ClosedResourceError,
@@ -140,12 +140,8 @@ DEFAULT_ENDPOINT = "https://huggingface.co"
 
 #: Data file extensions this project streams, and the format (decoder) of each. A file
 #: counts when any of its suffixes is listed (``a.tar.gz`` counts as ``.tar``, as in
-#: ``datasets``). Add an entry here when a decoder for a new format lands.
-DATA_FILE_EXTENSIONS: dict[str, str] = {
-    ".parquet": "parquet",
-    ".tar": "webdataset",
-    ".tgz": "webdataset",
-}
+#: ``datasets``). Derived from the decoders' own ``extensions`` (the formats registry).
+DATA_FILE_EXTENSIONS: dict[str, str] = formats.data_file_extensions()
 
 #: What ``data_files=`` accepts, as in ``datasets``: a pattern, a list of patterns (split
 #: "train"), a mapping split -> pattern(s), or a list of ``{"split": ..., "path": ...}``.

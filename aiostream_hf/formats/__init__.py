@@ -55,6 +55,7 @@ __all__ = [
     "SequentialParser",
     "StreamSource",
     "Unit",
+    "data_file_extensions",
     "decoder_for",
     "register",
     "registered",
@@ -301,7 +302,10 @@ _REGISTRY: dict[str, Decoder[Any]] = {}
 
 
 def register(decoder: Decoder[Any]) -> None:
-    """Make a format available by its name and extensions (a later one wins)."""
+    """Make a format available by its name and extensions (a later one wins). The
+    extensions are the one list of them: ``decoder_for`` picks a file's decoder by them,
+    and the Hub resolver counts data files by them (``data_file_extensions``), from the
+    formats registered when it is imported (the built-in ones)."""
     _REGISTRY[decoder.name] = decoder
 
 
@@ -309,6 +313,21 @@ def registered() -> dict[str, Decoder[Any]]:
     """The registered formats by name."""
     _load_builtins()
     return dict(_REGISTRY)
+
+
+def data_file_extensions() -> dict[str, str]:
+    """The registered formats' one-suffix extensions, each with its format's name (a
+    later registration wins): what the Hub resolver counts as data files (a file counts
+    when one of its suffixes is here, so ``a.tar.gz`` counts by ``.tar``, as in
+    ``datasets``). An extension of two suffixes (``.tar.gz``) is not a key: its last
+    suffix alone (``.gz``) says nothing of the format."""
+    _load_builtins()
+    found: dict[str, str] = {}
+    for decoder in _REGISTRY.values():
+        for extension in decoder.extensions:
+            if extension.count(".") == 1:
+                found[extension.lower()] = decoder.name
+    return found
 
 
 def decoder_for(file: FileRef, format: str | Decoder[Any] | None = None) -> Decoder[Any]:
