@@ -89,7 +89,7 @@ import filelock
 import httpx2
 import yaml
 
-from . import _s3
+from . import _s3, formats
 from ._access import DEFAULT_ENDPOINT, Access, auth_headers, find_access, origin
 from ._client import HubClient, RequestSigner, host_key, use_client
 from ._exceptions import (
@@ -138,12 +138,8 @@ logger = logging.getLogger("aiostream_hf.resolver")
 
 #: Data file extensions this project streams, and the format (decoder) of each. A file
 #: counts when any of its suffixes is listed (``a.tar.gz`` counts as ``.tar``, as in
-#: ``datasets``). Add an entry here when a decoder for a new format lands.
-DATA_FILE_EXTENSIONS: dict[str, str] = {
-    ".parquet": "parquet",
-    ".tar": "webdataset",
-    ".tgz": "webdataset",
-}
+#: ``datasets``). Derived from the decoders' own ``extensions`` (the formats registry).
+DATA_FILE_EXTENSIONS: dict[str, str] = formats.data_file_extensions()
 
 #: What ``data_files=`` accepts, as in ``datasets``: a pattern, a list of patterns (split
 #: "train"), a mapping split -> pattern(s), or a list of ``{"split": ..., "path": ...}``.

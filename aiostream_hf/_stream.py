@@ -52,6 +52,7 @@ from ._options import StreamOptions
 from ._prefetch import Job, Prefetcher
 from ._readahead import Emit, Lane, LaneReadahead
 from ._received import Received
+from ._sequential import read_sequential
 from ._sources import parse_sources
 from .formats import (
     ByteSource,
@@ -538,7 +539,7 @@ class Stream(Engine["tuple[_Tag, Any]"]):
             self._damaged_files += chunk.damaged
             await emit(chunk.nbytes, (_Tag(pos, 0, 0, chunk.first_row, chunk), chunk.rows))
 
-        await decoder.read_chunks(file, source, request, start, put)
+        await read_sequential(decoder, file, source, request, start, put)
 
     async def _plan(
         self, decoder: Decoder[Any], file: FileRef, source: ByteSource, pos: int

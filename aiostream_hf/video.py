@@ -63,6 +63,7 @@ from anyio.lowlevel import RunVar
 from av.video.codeccontext import VideoCodecContext
 from av.video.frame import VideoFrame
 
+from ._arrivals import Arrivals, Span, Unfinished, merge_spans
 from ._exceptions import (
     ClosedResourceError,
     DecodeError,
@@ -70,10 +71,7 @@ from ._exceptions import (
     SourceError,
 )
 from ._models import FileRef
-from ._sources import HubSource, S3Source, has_glob, parse_sources
-from .formats import ByteSource, StreamSource
-from .formats._arrivals import Arrivals, Span, Unfinished, merge_spans
-from .formats._mp4 import (
+from ._mp4 import (
     BOX_HEADER_MAX,
     HEAD_READ_SIZE,
     MAX_TOP_LEVEL_BOXES,
@@ -85,6 +83,8 @@ from .formats._mp4 import (
     parse_moov,
     read_box_header,
 )
+from ._sources import HubSource, S3Source, has_glob, parse_sources
+from .formats import ByteSource, StreamSource
 from .formats._split import next_job, split, usable_cpus
 
 if TYPE_CHECKING:

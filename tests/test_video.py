@@ -39,7 +39,7 @@ import av
 import numpy as np
 import pytest
 
-from aiostream_hf import video
+from aiostream_hf import _mp4, video
 from aiostream_hf._exceptions import (
     ClosedResourceError,
     DecodeError,
@@ -48,7 +48,6 @@ from aiostream_hf._exceptions import (
     SourceError,
 )
 from aiostream_hf._models import FileRef
-from aiostream_hf.formats import _mp4
 from aiostream_hf.testing import HubServer, make_repo, make_video
 
 pytestmark = pytest.mark.anyio

@@ -14,19 +14,27 @@ a ``pyarrow.Table`` in a worker thread. It never opens a socket.
     register(MyFormat())
 
 A sequential format (TAR shards) cannot be cut into units before it is read:
-it subclasses ``SequentialDecoder`` and streams each file with one long GET
-(``StreamSource.iter_bytes``), parsing blocks as they arrive and handing
-``Chunk``s of rows to ``emit``, each row with the position a reader resumes
-from after it::
+it subclasses ``SequentialDecoder``, whose ``parser`` gives, for each file, a
+``SequentialParser``: blocks of the file's bytes in, ``Chunk``s of rows out,
+each row with the position a reader resumes from after it. The stream reads
+the file with one long GET and feeds the parser the blocks as they arrive::
 
     class MyStreamFormat(SequentialDecoder[Unit]):
-        async def read_chunks(self, file, source, request, start, emit): ...
+        def parser(self, file, request, start): ...        # -> MyParser
+
+    class MyParser(SequentialParser):
+        def feed(self, block): ...                         # -> Chunk | None (sync)
+        def finish(self): ...                              # -> the final Chunk (sync)
+
+Nothing here does I/O or holds a thread, a task or a lock: the stream's side
+(``aiostream_hf._sequential``) reads the bytes, calls the parser in worker
+threads and hands its chunks on.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, ClassVar, Generic, Protocol, TypeVar
@@ -41,12 +49,13 @@ __all__ = [
     "ByteSource",
     "Chunk",
     "Decoder",
-    "Emit",
     "Position",
     "ReadRequest",
     "SequentialDecoder",
+    "SequentialParser",
     "StreamSource",
     "Unit",
+    "data_file_extensions",
     "decoder_for",
     "register",
     "registered",
@@ -227,46 +236,76 @@ class Decoder(ABC, Generic[_U]):
         """Turn a unit's bytes into rows. Synchronous and pure: runs in a worker thread."""
 
 
-Emit = Callable[[Chunk], Awaitable[None]]
-"""Where a sequential decoder hands its chunks: waits while the stream's readahead is full."""
+class SequentialParser(ABC):
+    """One file of a sequential format, parsed as its bytes arrive: blocks in, chunks out.
+
+    Synchronous and free of I/O. The stream reads the file with one long GET from
+    ``start.offset`` (the ``Position`` the parser was made for) and calls ``feed``
+    with each block, then ``finish``; each call runs in a worker thread, one at a
+    time, while the next block is read. When the read or the parse breaks off (a
+    ``DecodeError`` from ``feed`` or ``finish``, a ``FetchError`` from the read),
+    the stream calls ``salvage`` and then ``abandon``. After each call, ``report``
+    runs on the event loop's thread.
+    """
+
+    @abstractmethod
+    def feed(self, block: bytes) -> Chunk | None:
+        """The rows the next block completes, as a chunk (None: none yet)."""
+
+    @property
+    def ended(self) -> bool:
+        """The file's data is over (a TAR's end-of-archive blocks): the rest of the file
+        is not read, and ``finish`` follows."""
+        return False
+
+    @abstractmethod
+    def finish(self) -> Chunk:
+        """The file's final chunk (possibly empty) once its bytes are all fed; raises
+        ``DecodeError`` if the file ended where it cannot (a truncated file)."""
+
+    def salvage(self, error: Exception) -> Chunk | None:
+        """After ``error`` broke the file off: a chunk of the rows held that are whole
+        (delivered before the error), or None."""
+        return None
+
+    def abandon(self, error: Exception) -> Chunk | None:
+        """After ``error`` broke the file off (and ``salvage``): the file's final chunk
+        when the decoder skips the rest of a damaged file, or None for the error to
+        be raised."""
+        return None
+
+    def report(self) -> None:  # noqa: B027 (a hook: most parsers have nothing to say)
+        """Say what the last call skipped (warnings, log lines); on the event loop's
+        thread."""
 
 
 class SequentialDecoder(Decoder[_U]):
     """A format read front to back, one long GET per file, in blocks as they arrive.
 
-    The stream calls ``read_chunks`` instead of ``plan``/``fetch``/``decode``,
-    each file in a task of its own, ``readahead`` files ahead of the one being
-    consumed, within the stream's byte budget (``StreamOptions.prefetch_bytes``).
-    ``resampled`` draws files with replacement, endlessly, deterministic by seed
-    and rank.
+    The stream asks ``parser`` for each file instead of ``plan``/``fetch``/
+    ``decode``, and reads each file in a task of its own, ``readahead`` files
+    ahead of the one being consumed, within the stream's byte budget
+    (``StreamOptions.prefetch_bytes``). ``resampled`` draws files with
+    replacement, endlessly, deterministic by seed and rank.
     """
 
     readahead: int = 2
     resampled: bool = False
 
     @abstractmethod
-    async def read_chunks(
-        self,
-        file: FileRef,
-        source: StreamSource,
-        request: ReadRequest,
-        start: Position,
-        emit: Emit,
-    ) -> None:
-        """Read ``file`` from ``start``, ``await emit(chunk)`` for each chunk in order.
-
-        Chunks are of bounded size; the last one is ``final`` (possibly empty).
-        Parsing and decoding run in worker threads; the only I/O is ``source``.
-        This runs as a task of its own: it may start tasks (to read ahead of
-        the parser), which an async generator could not.
-        """
+    def parser(self, file: FileRef, request: ReadRequest, start: Position) -> SequentialParser:
+        """The parser of ``file``'s bytes from ``start`` (``start.offset``, or byte 0
+        when it is None). Chunks are of bounded size, in order; the last is ``final``."""
 
 
 _REGISTRY: dict[str, Decoder[Any]] = {}
 
 
 def register(decoder: Decoder[Any]) -> None:
-    """Make a format available by its name and extensions (a later one wins)."""
+    """Make a format available by its name and extensions (a later one wins). The
+    extensions are the one list of them: ``decoder_for`` picks a file's decoder by them,
+    and the Hub resolver counts data files by them (``data_file_extensions``), from the
+    formats registered when it is imported (the built-in ones)."""
     _REGISTRY[decoder.name] = decoder
 
 
@@ -274,6 +313,21 @@ def registered() -> dict[str, Decoder[Any]]:
     """The registered formats by name."""
     _load_builtins()
     return dict(_REGISTRY)
+
+
+def data_file_extensions() -> dict[str, str]:
+    """The registered formats' one-suffix extensions, each with its format's name (a
+    later registration wins): what the Hub resolver counts as data files (a file counts
+    when one of its suffixes is here, so ``a.tar.gz`` counts by ``.tar``, as in
+    ``datasets``). An extension of two suffixes (``.tar.gz``) is not a key: its last
+    suffix alone (``.gz``) says nothing of the format."""
+    _load_builtins()
+    found: dict[str, str] = {}
+    for decoder in _REGISTRY.values():
+        for extension in decoder.extensions:
+            if extension.count(".") == 1:
+                found[extension.lower()] = decoder.name
+    return found
 
 
 def decoder_for(file: FileRef, format: str | Decoder[Any] | None = None) -> Decoder[Any]:

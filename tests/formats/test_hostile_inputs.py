@@ -32,10 +32,9 @@ import webdataset
 
 import aiostream_hf as ash
 import aiostream_hf.webdataset as ashwds
-from aiostream_hf import video
+from aiostream_hf import _mp4, video
 from aiostream_hf._exceptions import DecodeError
-from aiostream_hf.formats import _mp4
-from aiostream_hf.formats import webdataset as tar_module
+from aiostream_hf.formats import _tar as tar_module
 from aiostream_hf.formats.parquet import (
     MAX_FOOTER_SIZE,
     TAIL_READ_SIZE,
@@ -227,7 +226,7 @@ async def test_a_cut_local_mp4_is_a_decode_error(mp4: bytes, tmp_path: Path) -> 
 _CAPPED = textwrap.dedent(
     """
     import resource, sys
-    from aiostream_hf.formats import _mp4
+    from aiostream_hf import _mp4
     from aiostream_hf.formats.parquet import footer_length
     from aiostream_hf.formats.webdataset import TarReader
     from aiostream_hf._exceptions import DecodeError

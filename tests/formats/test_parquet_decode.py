@@ -296,23 +296,6 @@ def test_column_groups_run_on_the_engines_threads_only_where_it_gives_them(
     assert len(threads) == 1
 
 
-def test_formats_import_no_concurrency_machinery() -> None:
-    """Decoders do no I/O and start nothing: no module of formats/ imports anyio or a
-    thread pool (webdataset.py's async driver is to move out next: issue 30)."""
-    import ast
-
-    folder = Path(parquet.__file__).parent
-    found = {}
-    for module in sorted(folder.glob("*.py")):
-        tree = ast.parse(module.read_text())
-        names = [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
-        names += [n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]
-        bad = [n for n in names if n.split(".")[0] in ("anyio", "asyncio", "trio", "concurrent")]
-        if bad:
-            found[module.name] = sorted(set(bad))
-    assert found == {"webdataset.py": ["anyio", "anyio.to_thread"]}
-
-
 def test_a_row_group_decodes_in_even_batches_cut_alike_in_every_column(
     tmp_path: Path, rich: pa.Table, monkeypatch: pytest.MonkeyPatch
 ) -> None:

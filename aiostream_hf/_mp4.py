@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
-from .._exceptions import DecodeError
+from ._exceptions import DecodeError
 
 __all__ = [
     "BOX_HEADER_MAX",

@@ -1,4 +1,4 @@
-"""Bytes arriving on the event loop for worker threads (``formats._arrivals``)."""
+"""Bytes arriving on the event loop for worker threads (``aiostream_hf._arrivals``)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from aiostream_hf.formats._arrivals import Arrivals, Unfinished, merge_spans
+from aiostream_hf._arrivals import Arrivals, Unfinished, merge_spans
 
 DATA = bytes(range(256)) * 64  # 16 KiB
 
