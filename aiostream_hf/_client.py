@@ -44,7 +44,7 @@ import random
 import re
 import time
 import urllib.request
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -55,10 +55,19 @@ import httpx2
 from anyio.lowlevel import RunVar
 
 from .__version__ import __version__
-from ._access import auth_headers, origin
-from ._exceptions import ClosedResourceError, RateLimitedError, SourceError, UnreachableError
+from ._access import Access, auth_headers, origin
+from ._answers import Answer, BodyCap, Failure, read_capped, redirect_target, url_of
+from ._exceptions import (
+    AiostreamError,
+    ClosedResourceError,
+    RateLimitedError,
+    ResolutionError,
+    SourceError,
+    UnreachableError,
+)
+from ._options import StreamOptions
 from ._quota import GO, PROBE, Pacing, SharedQuota, bucket_of
-from ._retry import MAX_HEADER_DELAY_S, backoff_delay, clamp_delay, retry_after
+from ._retry import MAX_HEADER_DELAY_S, backoff_delay, clamp_delay, retry_after, retryable_status
 from ._transport import ThreadedTransport, tls_context
 
 __all__ = [
@@ -78,6 +87,11 @@ __all__ = [
 
 #: The longest wait a server may ask for; the Hub's rate-limit windows are 5 minutes.
 MAX_SERVER_DELAY_S = 300.0
+#: The most redirects one request follows.
+MAX_REDIRECTS = 10
+#: A request's whole answer may take StreamOptions.timeout and this: a connect that times
+#: out (after the timeout) is then reported as one, and fails fast for a host never seen.
+WHOLE_ANSWER_MARGIN_S = 1.0
 #: A host pause at least this long is logged (WARNING).
 LOG_PAUSE_S = 5.0
 #: Retries of requests to one host are logged (WARNING) at most once per this many seconds.
@@ -332,6 +346,181 @@ class HubClient:
             await signer.sign(request)
         self._requests += 1
         return await self.http.send(request, stream=stream, follow_redirects=follow_redirects)
+
+    # -- one request, end to end ------------------------------------------------------------
+
+    async def request(
+        self,
+        method: str,
+        url: str,
+        *,
+        options: StreamOptions,
+        access: Access | None = None,
+        params: httpx2.QueryParams | None = None,
+        follow_redirects: bool = True,
+        body: BodyCap | None = None,
+        error_bodies: bool = False,
+        signer: RequestSigner | None = None,
+        error: type[AiostreamError] = ResolutionError,
+        on_send: Callable[[], None] | None = None,
+    ) -> Answer:
+        """Send one request as every request of the library is sent, and give its final
+        answer: 2xx, 3xx (when not followed), a status a retry cannot mend, or the last
+        answer once ``options.max_retries`` retries are spent (``Answer.attempts``
+        says how many it took; the caller judges the status).
+
+        Here, for every attempt: the host's gate and the rate-limit quota (waits bounded
+        by ``max_rate_limit_wait``, counted from this call), the token of ``access`` to
+        its endpoint's origin only (never to a redirect's other host), the ``signer``'s
+        signature as the request leaves, the one retry rule (``retryable_status``;
+        network errors and timeouts too) with the one backoff, the redirects (at most
+        ``MAX_REDIRECTS``, to http(s) only), each attempt's whole answer within
+        ``timeout`` plus a second, and the body read within ``body`` (of error answers
+        too with ``error_bodies``). A failure a retry cannot mend, or the last network
+        failure, is ``error`` naming the URL. ``on_send`` is called for each attempt.
+        """
+        self.check_open()
+        if access is not None:
+            access.check_online(url)
+        token = None if signer is not None or access is None else access.token
+        endpoint = access.endpoint if access is not None else url
+        host = host_key(url)
+        owner = object()  # this call's place in the host's gate
+        o = options
+        deadline = anyio.current_time() + o.max_rate_limit_wait
+        attempts = 0
+        while True:
+            attempts += 1
+            if on_send is not None:
+                on_send()
+            await self.acquire(
+                host,
+                owner,
+                deadline=deadline,
+                url=url,
+                pacing=o.pacing(),
+                token=token if auth_headers(url, token, endpoint) else None,
+            )
+            try:
+                outcome = await self._attempt(
+                    owner,
+                    method,
+                    url,
+                    params,
+                    (token, endpoint),
+                    follow_redirects,
+                    body,
+                    attempts,
+                    o,
+                    signer=signer,
+                    error_bodies=error_bodies,
+                    error=error,
+                )
+            finally:
+                self.release(host, owner)
+            if isinstance(outcome, Answer):
+                status = outcome.response.status_code
+                if not retryable_status(status) or attempts > o.max_retries:
+                    return Answer(outcome.response, outcome.body, attempts)
+                if status == 429 and host_key(str(outcome.response.url)) == host:
+                    delay = 0.0  # the host is paused: the gate is the wait
+                else:
+                    delay = self.retry_delay(
+                        attempts,
+                        retry_after(outcome.response.headers.get("retry-after")),
+                        base=o.backoff_base,
+                        cap=o.backoff_max,
+                        most=o.max_rate_limit_wait,
+                    )
+                if status != 429:  # a 429's wait is the host's pause, logged with it
+                    self.note_retry(url, f"HTTP {status}", attempts, o.max_retries, delay)
+            else:
+                if attempts > o.max_retries:
+                    raise error(
+                        f"{method} {url} failed after {attempts} attempts: {outcome.reason}"
+                    ) from outcome.error
+                delay = outcome.delay or self.backoff(attempts, o.backoff_base, o.backoff_max)
+                self.note_retry(url, outcome.reason, attempts, o.max_retries, delay)
+            if delay > 0:
+                await anyio.sleep(delay)
+
+    async def _attempt(
+        self,
+        owner: object,
+        method: str,
+        url: str,
+        params: httpx2.QueryParams | None,
+        auth: tuple[str | None, str],
+        follow_redirects: bool,
+        body: BodyCap | None,
+        attempts: int,
+        o: StreamOptions,
+        *,
+        signer: RequestSigner | None,
+        error_bodies: bool,
+        error: type[AiostreamError],
+    ) -> Answer | Failure:
+        """One attempt: the request, its redirects and its body, within ``timeout``.
+
+        An answer (any status) or a retryable failure; errors a retry cannot mend
+        (a body over its cap, a redirect loop, an invalid URL) are raised."""
+        token, endpoint = auth
+        current = url
+        try:
+            with anyio.move_on_after(o.timeout + WHOLE_ANSWER_MARGIN_S):
+                for hop in range(MAX_REDIRECTS + 1):
+                    request = self.http.build_request(
+                        method,
+                        current,
+                        params=params if hop == 0 else None,  # a Location carries its query
+                        headers=auth_headers(current, token, endpoint),
+                        timeout=o.timeout,
+                    )
+                    response = await self.send(request, stream=True, signer=signer)
+                    try:
+                        self.note_response(
+                            host_key(current),
+                            owner,
+                            response.headers,
+                            response.status_code,
+                            failures=attempts - 1,
+                            backoff_base=o.backoff_base,
+                            backoff_max=o.backoff_max,
+                        )
+                        if follow_redirects and response.has_redirect_location:
+                            current = redirect_target(response, method, url, error)
+                            continue
+                        content = b""
+                        if body is not None and (response.status_code < 400 or error_bodies):
+                            content = await read_capped(response, body, method, error)
+                        return Answer(response, content)
+                    finally:
+                        with anyio.CancelScope(shield=True):
+                            await response.aclose()
+                raise error(
+                    f"{method} {url} redirects more than {MAX_REDIRECTS} times "
+                    f"(MAX_REDIRECTS), the last time to {current}: a redirect loop?"
+                )
+            return Failure(
+                f"no whole answer within {o.timeout + WHOLE_ANSWER_MARGIN_S:g} s "
+                "(StreamOptions.timeout, plus a second)",
+                None,
+            )
+        except (httpx2.ConnectError, httpx2.ConnectTimeout) as exc:
+            failed = url_of(exc, current)
+            # Raises UnreachableError for a host that never answered, on its second try.
+            delay = self.connect_failed(host_key(failed), failed, exc, attempts)
+            return Failure(f"{type(exc).__name__}: {exc}", exc, delay)
+        except httpx2.UnsupportedProtocol as exc:
+            raise error(f"{method} {url_of(exc, current)}: {exc}") from exc
+        except httpx2.TransportError as exc:
+            return Failure(f"{type(exc).__name__}: {exc}", exc)
+        except httpx2.HTTPError as exc:  # TooManyRedirects, DecodingError: a retry can't help
+            raise error(
+                f"{method} {url_of(exc, current)} failed: {type(exc).__name__}: {exc}"
+            ) from exc
+        except httpx2.InvalidURL as exc:
+            raise error(f"{method} {current!r}: not a valid URL: {exc}") from exc
 
     # -- slots and host gates (plain synchronous state, awaited only to wait) ---------------
 

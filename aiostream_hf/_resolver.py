@@ -51,9 +51,10 @@ Guarantees and limits. No byte from a server is trusted:
   POSIX path (no ``..``, ``.`` or empty segment, no leading ``/``, no backslash, NUL or
   control character, at most ``MAX_PATH_LENGTH`` characters, below the folder listed,
   listed once): anything else is a ``ResolutionError`` naming the entry and the repo.
-- Every error is ours. Redirects are followed here (at most ``MAX_REDIRECTS``, to
-  http(s) only, without reading their bodies); an invalid URL, a redirect loop, a body
-  that is not UTF-8 or not JSON become ``ResolutionError`` naming the URL.
+- Every error is ours. Every request goes through ``HubClient.request`` (the one
+  request path: retries, redirects at most ``MAX_REDIRECTS`` and to http(s) only, the
+  token to its endpoint only); an invalid URL, a redirect loop, a body that is not
+  UTF-8 or not JSON become ``ResolutionError`` naming the URL.
 - Bounded waits. A request's whole answer (headers and body, redirects included) must
   arrive within ``StreamOptions.timeout`` plus a second (a trickled answer counts as a
   timeout and is retried); a rate-limited host that wants us to wait past
@@ -85,8 +86,9 @@ import filelock
 import httpx2
 
 from . import _s3
-from ._access import DEFAULT_ENDPOINT, Access, auth_headers, find_access, origin
-from ._client import HubClient, RequestSigner, host_key, use_client
+from ._access import DEFAULT_ENDPOINT, Access, find_access, origin
+from ._answers import Answer, BodyCap
+from ._client import MAX_REDIRECTS, HubClient, RequestSigner, use_client
 from ._exceptions import (
     ClosedResourceError,
     ConfigNotFoundError,
@@ -97,6 +99,7 @@ from ._exceptions import (
     RevisionNotFoundError,
     SourceError,
     SplitNotFoundError,
+    UsageError,
 )
 from ._hub_layout import (
     DATA_FILE_EXTENSIONS,
@@ -130,7 +133,6 @@ from ._resolution_cache import (
     _weight,
     _write_entry,
 )
-from ._retry import retry_after, retryable_status
 from ._sources import (
     HubSource,
     LocalSource,
@@ -178,16 +180,11 @@ MAX_TREE_FILES = 1_000_000
 #: The most bytes all the pages of one tree listing may add up to (a listing of a
 #: million files is about 200 MB).
 MAX_TREE_BYTES = 1024 * _MiB
-#: The most redirects one request follows.
-MAX_REDIRECTS = 10
 
 _SHA = re.compile(r"^[0-9a-f]{40}$")
 # In-memory caches are bounded by the files they hold (a pin or a card counts as one).
 _MEMORY_WEIGHT = 2_000_000
 _LISTING_WEIGHT = 2_000_000
-# A request's whole answer may take StreamOptions.timeout and this: a connect that times
-# out (after the timeout) is then reported as one, and fails fast for a host never seen.
-_WHOLE_ANSWER_MARGIN_S = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -293,9 +290,10 @@ class Resolver:
             manifest = await resolver.resolve("hf://datasets/org/name", split="train")
 
     ``client``: the ``HubClient`` to send requests through (the caller closes it), so
-    that a 429 pauses its host for the resolver and the fetcher alike; by default the
-    Resolver makes its own and closes it in ``aclose()``. ``options`` gives the cache
-    folder (``StreamOptions.resolved_cache_dir()``), ``pin_ttl``, retries and timeout.
+    that a 429 pauses its host for the resolver and the fetcher alike; without one,
+    ``async with`` takes the event loop's shared client (``use_client``), as streams do.
+    ``options`` gives the cache folder (``StreamOptions.resolved_cache_dir()``),
+    ``pin_ttl``, retries and timeout.
     ``access``: the endpoint and token of calls that name neither (a stream's readers
     share the one found when it opened); without it each call finds its own.
     One Resolver belongs to one event loop; share it between the tasks of that loop.
@@ -311,7 +309,7 @@ class Resolver:
         self._options = options or StreamOptions()
         self._access = access
         self._client = client
-        self._owns_client = client is None
+        self._shared: contextlib.AbstractAsyncContextManager[HubClient] | None = None
         self._closed = False
         self._counts = _Counts()
         self._pending: dict[str, _Pending] = {}
@@ -323,6 +321,9 @@ class Resolver:
 
     async def __aenter__(self) -> Resolver:
         self._check_open()
+        if self._client is None:  # the event loop's shared client (``use_client``)
+            self._shared = use_client()
+            self._client = await self._shared.__aenter__()
         return self
 
     async def __aexit__(
@@ -334,11 +335,14 @@ class Resolver:
         await self.aclose()
 
     async def aclose(self) -> None:
-        """Close the HTTP client the Resolver opened; later calls raise ClosedResourceError."""
+        """Leave the event loop's shared client if ``async with`` took it (the last user
+        closes it); later calls raise ClosedResourceError."""
         self._closed = True
-        client, self._client = self._client, None
-        if client is not None and self._owns_client:
-            await client.aclose()  # shielded
+        self._client = None
+        shared, self._shared = self._shared, None
+        if shared is not None:
+            with anyio.CancelScope(shield=True):
+                await shared.__aexit__(None, None, None)
 
     def _check_open(self) -> None:
         if self._closed:
@@ -737,176 +741,47 @@ class Resolver:
         body: _BodyKind = "api",
         signer: RequestSigner | None = None,
         refused: Callable[[httpx2.Response, bytes, int], Exception] | None = None,
-    ) -> _Answer:
-        """One request with retries on 408/429/5xx, network errors and timeouts; its
-        body read with the cap of its kind; every failure a library error.
+    ) -> Answer:
+        """One request through the client (``HubClient.request``: gates, quotas, the
+        token by origin, retries, redirects, deadlines), its body read with the cap of its
+        kind; a final answer that is an error becomes the library's error.
 
         A request to an S3 store has a ``signer`` (and no Hub token) and a ``refused``
         that turns an error answer and its body (read for its code) into the error.
-
-        The wait for a rate-limited host is bounded by ``max_rate_limit_wait`` (counted
-        from this call), each attempt's whole answer by ``timeout``; a host that never
-        answered and refuses connections fails after one quick retry.
         """
         self._check_open()
-        call.access.check_online(url)
         if self._client is None:
-            self._client = HubClient()
-        hub = self._client
-        token = None if signer is not None else await call.token()
+            raise UsageError(
+                "a Resolver without client= reads through the event loop's shared client: "
+                "use it as `async with Resolver(...) as resolver`, or pass client="
+            )
         is_api = signer is not None or urlsplit(url).path.startswith("/api/")
-        host = host_key(url)
-        owner = object()  # this call's place in the host's gate
-        o = self._options
-        deadline = anyio.current_time() + o.max_rate_limit_wait
-        attempts = 0
-        while True:
-            attempts += 1
+
+        def sent() -> None:
             if is_api:
                 self._counts.api_requests += 1
             else:
                 self._counts.resolver_requests += 1
-            # The client's gate: a host paused by a 429 (to us or to a fetcher) waits here.
-            await hub.acquire(
-                host,
-                owner,
-                deadline=deadline,
-                url=url,
-                pacing=o.pacing(),
-                token=token if auth_headers(url, token, where.endpoint) else None,
-            )
-            try:
-                outcome = await self._attempt(
-                    hub,
-                    owner,
-                    method,
-                    url,
-                    params,
-                    token,
-                    where,
-                    follow_redirects,
-                    body,
-                    attempts,
-                    signer=signer,
-                    error_bodies=refused is not None,
-                )
-            finally:
-                hub.release(host, owner)
-            if isinstance(outcome, _Answer):
-                response = outcome.response
-                status = response.status_code
-                if status < (300 if refused is not None else 400):
-                    return outcome
-                if not retryable_status(status) or attempts > o.max_retries:
-                    if refused is not None:
-                        raise refused(response, outcome.body, attempts)
-                    raise _http_error(response, where, missing, attempts, call.access)
-                if status == 429 and host_key(str(response.url)) == host:
-                    delay = 0.0  # the host is paused: the gate is the wait
-                else:
-                    delay = hub.retry_delay(
-                        attempts,
-                        retry_after(response.headers.get("retry-after")),
-                        base=o.backoff_base,
-                        cap=o.backoff_max,
-                        most=o.max_rate_limit_wait,
-                    )
-            else:
-                if attempts > o.max_retries:
-                    raise ResolutionError(
-                        f"{method} {url} failed after {attempts} attempts: {outcome.reason}"
-                    ) from outcome.error
-                delay = outcome.delay or hub.backoff(attempts, o.backoff_base, o.backoff_max)
-            if not (isinstance(outcome, _Answer) and outcome.response.status_code == 429):
-                why = (
-                    f"HTTP {outcome.response.status_code}"
-                    if isinstance(outcome, _Answer)
-                    else outcome.reason
-                )
-                hub.note_retry(url, why, attempts, o.max_retries, delay)
-            self._counts.retries += 1
-            if delay > 0:
-                await anyio.sleep(delay)
 
-    async def _attempt(
-        self,
-        hub: HubClient,
-        owner: object,
-        method: str,
-        url: str,
-        params: httpx2.QueryParams | None,
-        token: str | None,
-        where: _Where,
-        follow_redirects: bool,
-        body: _BodyKind,
-        attempts: int,
-        *,
-        signer: RequestSigner | None = None,
-        error_bodies: bool = False,
-    ) -> _Answer | _Failure:
-        """One attempt: the request, its redirects and its body, within ``timeout``.
-
-        An answer (any status) or a retryable failure; errors a retry cannot mend
-        (a body over its cap, a redirect loop, an invalid URL) are raised. The body of
-        an error answer is read only with ``error_bodies`` (an S3 error's code is in it).
-        """
-        o = self._options
-        current = url
-        try:
-            with anyio.move_on_after(o.timeout + _WHOLE_ANSWER_MARGIN_S):
-                for hop in range(MAX_REDIRECTS + 1):
-                    request = hub.http.build_request(
-                        method,
-                        current,
-                        params=params if hop == 0 else None,  # a Location carries its query
-                        headers=auth_headers(current, token, where.endpoint),
-                        timeout=o.timeout,
-                    )
-                    response = await hub.send(request, stream=True, signer=signer)
-                    try:
-                        hub.note_response(
-                            host_key(current),
-                            owner,
-                            response.headers,
-                            response.status_code,
-                            failures=attempts - 1,
-                            backoff_base=o.backoff_base,
-                            backoff_max=o.backoff_max,
-                        )
-                        if follow_redirects and response.has_redirect_location:
-                            current = _redirect_target(response, method, url)
-                            continue
-                        content = b""
-                        if body is not None and (response.status_code < 400 or error_bodies):
-                            content = await _read_capped(response, body, method)
-                        return _Answer(response, content)
-                    finally:
-                        with anyio.CancelScope(shield=True):
-                            await response.aclose()
-                raise ResolutionError(
-                    f"{method} {url} redirects more than {MAX_REDIRECTS} times "
-                    f"(MAX_REDIRECTS), the last time to {current}: a redirect loop?"
-                )
-            return _Failure(
-                f"no whole answer within {o.timeout + _WHOLE_ANSWER_MARGIN_S:g} s "
-                "(StreamOptions.timeout, plus a second)",
-                None,
-            )
-        except (httpx2.ConnectError, httpx2.ConnectTimeout) as exc:
-            failed = _url_of(exc, current)
-            # Raises UnreachableError for a host that never answered, on its second try.
-            delay = hub.connect_failed(host_key(failed), failed, exc, attempts)
-            return _Failure(f"{type(exc).__name__}: {exc}", exc, delay)
-        except httpx2.UnsupportedProtocol as exc:
-            raise ResolutionError(f"{method} {_url_of(exc, current)}: {exc}") from exc
-        except httpx2.TransportError as exc:
-            return _Failure(f"{type(exc).__name__}: {exc}", exc)
-        except httpx2.HTTPError as exc:  # TooManyRedirects, DecodingError: a retry can't help
-            raise ResolutionError(
-                f"{method} {_url_of(exc, current)} failed: {type(exc).__name__}: {exc}"
-            ) from exc
-        except httpx2.InvalidURL as exc:
-            raise ResolutionError(f"{method} {current!r}: not a valid URL: {exc}") from exc
+        answer = await self._client.request(
+            method,
+            url,
+            options=self._options,
+            access=None if signer is not None else call.access,
+            params=params,
+            follow_redirects=follow_redirects,
+            body=None if body is None else _body_cap(body),
+            error_bodies=refused is not None,
+            signer=signer,
+            on_send=sent,
+        )
+        self._counts.retries += answer.attempts - 1
+        status = answer.response.status_code
+        if status < (300 if refused is not None else 400):
+            return answer
+        if refused is not None:
+            raise refused(answer.response, answer.body, answer.attempts)
+        raise _http_error(answer.response, where, missing, answer.attempts, call.access)
 
     # -- coalescing -----------------------------------------------------------------------
 
@@ -1080,83 +955,16 @@ def _http_error(
     )
 
 
-@dataclass(frozen=True, slots=True)
-class _Answer:
-    """A response (closed; its status, headers and links stay readable) and its body."""
-
-    response: httpx2.Response
-    body: bytes
-
-
-@dataclass(frozen=True, slots=True)
-class _Failure:
-    """An attempt that may succeed if tried again: a network error or a timeout."""
-
-    reason: str
-    error: Exception | None
-    delay: float = 0.0  # > 0: retry after this (a quick retry); else the usual backoff
-
-
 #: Which cap a body is read with: "api" (``MAX_API_BODY``), "text" (``MAX_TEXT_BODY``),
 #: or None: no body is read.
 _BodyKind: TypeAlias = "Literal['api', 'text'] | None"
 
 
-def _body_cap(kind: str) -> tuple[int, str]:
+def _body_cap(kind: str) -> BodyCap:
     """The cap for a kind of body and the constant's name (read at call time)."""
     if kind == "text":
-        return MAX_TEXT_BODY, "MAX_TEXT_BODY"
-    return MAX_API_BODY, "MAX_API_BODY"
-
-
-async def _read_capped(response: httpx2.Response, kind: str, method: str) -> bytes:
-    """The body of ``response``, refused past the cap of ``kind`` before it is all read
-    (and before a byte is read when ``Content-Length`` announces more)."""
-    cap, name = _body_cap(kind)
-    url = str(response.url)
-    declared = response.headers.get("content-length", "").strip()
-    if declared.isascii() and declared.isdigit() and int(declared) > cap:
-        raise ResolutionError(
-            f"{method} {url} announces a body of {int(declared)} bytes, over the {cap} "
-            f"bytes ({name}) the resolver reads: refusing it"
-        )
-    chunks: list[bytes] = []
-    total = 0
-    # aclosing: a generator left mid-way is closed here, not by the garbage collector.
-    async with contextlib.aclosing(response.aiter_bytes()) as pieces:
-        async for chunk in pieces:
-            total += len(chunk)
-            if total > cap:
-                raise ResolutionError(
-                    f"{method} {url} sends a body over the {cap} bytes ({name}) the "
-                    "resolver reads: refusing the rest"
-                )
-            chunks.append(chunk)
-    return b"".join(chunks)
-
-
-def _redirect_target(response: httpx2.Response, method: str, url: str) -> str:
-    """Where a redirect points: an absolute http(s) URL, or ResolutionError."""
-    location = response.headers["location"]
-    try:
-        target = response.url.join(location).copy_with(fragment=None)
-    except httpx2.InvalidURL as exc:
-        raise ResolutionError(
-            f"{method} {url} redirects to {_short(location)}, not a valid URL: {exc}"
-        ) from exc
-    if target.scheme not in ("http", "https") or not target.host:
-        raise ResolutionError(
-            f"{method} {url} redirects to {_short(location)}, not an http(s) URL: refusing it"
-        )
-    return str(target)
-
-
-def _url_of(exc: httpx2.HTTPError, fallback: str) -> str:
-    """The URL of the request an httpx error is about (a redirect's, maybe)."""
-    try:
-        return str(exc.request.url)
-    except RuntimeError:  # the error was raised before a request was made
-        return fallback
+        return BodyCap(MAX_TEXT_BODY, "MAX_TEXT_BODY")
+    return BodyCap(MAX_API_BODY, "MAX_API_BODY")
 
 
 def _next_page(response: httpx2.Response, where: _Where, url: str) -> str | None:
