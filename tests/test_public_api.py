@@ -49,6 +49,8 @@ def test_every_error_derives_from_the_root() -> None:
 _DOING_IO = {
     "aiostream_hf._client",
     "aiostream_hf._fetcher",
+    "aiostream_hf._transfer",
+    "aiostream_hf._local_reads",
     "aiostream_hf._resolver",
     "aiostream_hf._stream",
     "aiostream_hf._bridge",

@@ -1,0 +1,168 @@
+"""Reads of ``file://`` URLs for the ``RangeFetcher`` (``_fetcher``): local files read
+from disk with ``os.pread`` in worker threads. Each read also returns the file's
+``_LocalVersion`` (device, inode, size, mtime), which the fetcher pins at its first read:
+a file replaced or rewritten in place since is ``FileChangedError``.
+"""
+
+from __future__ import annotations
+
+import os
+import urllib.parse
+import urllib.request
+from typing import TYPE_CHECKING
+
+import anyio
+import anyio.to_thread
+
+from ._exceptions import FetchError, FileChangedError
+from ._models import FileRef
+
+if TYPE_CHECKING:
+    from ._fetcher import RangeFetcher
+
+
+class _LocalTransfer:
+    """Blocks of a local file, each read with os.pread in a worker thread."""
+
+    def __init__(
+        self,
+        fetcher: RangeFetcher,
+        file: FileRef,
+        path: str,
+        start: int,
+        end: int | None,
+        block: int,
+    ) -> None:
+        self.fetcher = fetcher
+        self.file = file
+        self.path = path
+        self.pos = start
+        self.end = end
+        self.block = block
+
+    async def next_chunk(self) -> bytes | None:
+        f = self.fetcher
+        f._check_open()
+        if self.end is not None and self.pos >= self.end:
+            return None
+        f._requests["local"] += 1
+        stop = None if self.end is None else min(self.end, self.pos + self.block)
+        data, size, seen = await anyio.to_thread.run_sync(
+            _pread_block, self.file, self.path, self.pos, stop, self.block, limiter=f._limiter
+        )
+        f._check_local_version(self.file, seen)
+        if self.end is None:
+            self.end = size
+        if not data:
+            return None
+        f._bytes_received += len(data)
+        self.pos += len(data)
+        return data
+
+    async def aclose(self) -> None:
+        self.end = self.pos
+
+
+# -- local files (run in worker threads) ----------------------------------------------------
+
+
+def _local_path(url: str) -> str | None:
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme != "file":
+        return None
+    if parts.netloc not in ("", "localhost"):
+        raise ValueError(f"{url}: file:// URLs on another host are not supported")
+    return urllib.request.url2pathname(parts.path)
+
+
+def _open_local(file: FileRef, path: str) -> int:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError as exc:
+        raise FetchError(
+            f"{file.path}: not found: no file at {path} ({file.url})", url=file.url
+        ) from exc
+    except OSError as exc:
+        raise FetchError(f"{file.path}: cannot open {path}: {exc.strerror}", url=file.url) from exc
+    return fd
+
+
+_LocalVersion = tuple[int, int, int, int]  # st_dev, st_ino, st_size, st_mtime_ns
+
+
+def _local_size(file: FileRef, fd: int) -> tuple[int, _LocalVersion]:
+    st = os.fstat(fd)
+    size = st.st_size
+    if file.size is not None and size != file.size:
+        raise FileChangedError(
+            f"{file.path}: the file changed: it has {size} bytes, "
+            f"expected {file.size} ({file.url})",
+            url=file.url,
+        )
+    return size, (st.st_dev, st.st_ino, size, st.st_mtime_ns)
+
+
+def _describe_local(pinned: _LocalVersion, seen: _LocalVersion) -> str:
+    if pinned[:2] != seen[:2]:
+        return "another file is at its path now"
+    if pinned[2] != seen[2]:
+        return f"its size went from {pinned[2]} to {seen[2]} bytes"
+    return "its modification time changed"
+
+
+def _pread_exact(file: FileRef, fd: int, start: int, end: int) -> bytes:
+    parts: list[bytes] = []
+    pos = start
+    while pos < end:
+        chunk = os.pread(fd, end - pos, pos)
+        if not chunk:
+            raise FileChangedError(
+                f"{file.path}: the file ended at byte {pos}, before {end} ({file.url})",
+                url=file.url,
+            )
+        parts.append(chunk)
+        pos += len(chunk)
+    return b"".join(parts)
+
+
+def _pread_ranges(
+    file: FileRef, path: str, spans: list[tuple[int, int]]
+) -> tuple[list[bytes], _LocalVersion]:
+    fd = _open_local(file, path)
+    try:
+        size, version = _local_size(file, fd)
+        for s, e in spans:
+            if e > size:
+                raise FetchError(
+                    f"{file.path}: bytes {s}-{e - 1} asked, the file has {size} ({file.url})",
+                    url=file.url,
+                )
+        return [_pread_exact(file, fd, s, e) for s, e in spans], version
+    finally:
+        os.close(fd)
+
+
+def _pread_tail(file: FileRef, path: str, n: int) -> tuple[bytes, int, _LocalVersion]:
+    fd = _open_local(file, path)
+    try:
+        size, version = _local_size(file, fd)
+        return _pread_exact(file, fd, max(0, size - n), size), size, version
+    finally:
+        os.close(fd)
+
+
+def _pread_block(
+    file: FileRef, path: str, start: int, stop: int | None, block: int
+) -> tuple[bytes, int, _LocalVersion]:
+    fd = _open_local(file, path)
+    try:
+        size, version = _local_size(file, fd)
+        end = min(size, start + block) if stop is None else stop
+        if end > size:
+            raise FileChangedError(
+                f"{file.path}: the file has {size} bytes, fewer than the {end} wanted ({file.url})",
+                url=file.url,
+            )
+        return _pread_exact(file, fd, start, end), size, version
+    finally:
+        os.close(fd)
