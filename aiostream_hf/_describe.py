@@ -29,7 +29,7 @@ from urllib.parse import quote
 from ._client import HubClient
 from ._exceptions import FetchError
 from ._models import FileRef, Manifest
-from ._sources import HubSource, S3Source, has_glob, parse_sources
+from ._sources import BucketSource, HubSource, has_glob, is_bucket_uri, parse_sources
 
 if TYPE_CHECKING:
     from ._options import StreamOptions
@@ -245,14 +245,14 @@ async def find_lerobot(
 
 def _s3_folder(source: str) -> str | None:
     """``s3://BUCKET/PREFIX/`` if ``source`` names one S3 folder (not a glob or a key)."""
-    if not source.startswith("s3://"):
+    if not is_bucket_uri(source):
         return None
     sources = parse_sources(source)
     src = sources[0] if len(sources) == 1 else None
-    if not isinstance(src, S3Source) or has_glob(src.key):
+    if not isinstance(src, BucketSource) or has_glob(src.key):
         return None
     folder = src.key.strip("/")
-    return f"s3://{src.bucket}/{folder + '/' if folder else ''}"
+    return f"{src.scheme}://{src.bucket}/{folder + '/' if folder else ''}"
 
 
 async def _exists(url: str, *, token: str | None, endpoint: str | None, client: HubClient) -> bool:

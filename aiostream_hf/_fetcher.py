@@ -45,7 +45,7 @@ import anyio.to_thread
 import httpx2
 import pyarrow as pa
 
-from . import _s3
+from . import stores
 from ._access import Access, auth_headers, check_token, default_endpoint, normalize_endpoint, origin
 from ._client import HubClient, Pending, RequestSigner, Route
 from ._exceptions import (
@@ -217,7 +217,9 @@ class RangeFetcher:
         self._versions: dict[tuple[str, bool], Version] = {}
         self._unvalidated = 0
         self._local_versions: dict[str, _LocalVersion] = {}
-        self._s3: _s3.S3Context | None = None  # made at the first read of an S3 object
+        # The store contexts (where a bucket store is, who we are there: the signer of
+        # its requests), by scheme, made at the first read of one of its objects.
+        self._store_contexts: dict[str, RequestSigner] = {}
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -490,7 +492,7 @@ class RangeFetcher:
     def _route_nowait(self, transfer: _Transfer) -> Route | Pending | None:
         if transfer.leader:
             return None
-        if _s3.is_s3(transfer.file):  # a listed object: its URL serves it, as listed
+        if stores.for_file(transfer.file) is not None:  # listed: its URL serves it
             return transfer.own_route or Route(transfer.file.url, direct=True)
         found, dropped = self._hub.route_nowait(self._route_key(transfer), transfer.own_route)
         if dropped:
@@ -567,12 +569,15 @@ class RangeFetcher:
     # -- requests --------------------------------------------------------------------------
 
     async def _signer(self, file: FileRef) -> RequestSigner | None:
-        """What signs the requests for ``file``: the S3 context for a listed object."""
-        if not _s3.is_s3(file):
+        """What signs the requests for ``file``: its store's context, for an object
+        listed from a bucket store; else nothing."""
+        store = stores.for_file(file)
+        if store is None:
             return None
-        if self._s3 is None:
-            self._s3 = await _s3.context(self.options, file.path)
-        return self._s3
+        ctx = self._store_contexts.get(store.scheme)
+        if ctx is None:
+            ctx = self._store_contexts[store.scheme] = await store.context(self.options, file.path)
+        return ctx
 
     def _headers(self, transfer: _Transfer, url: str, route: Route | None) -> dict[str, str]:
         headers = {"Range": transfer.range_header()}

@@ -85,7 +85,7 @@ import anyio.to_thread
 import filelock
 import httpx2
 
-from . import _s3
+from . import stores
 from ._access import DEFAULT_ENDPOINT, Access, find_access, origin
 from ._answers import Answer, BodyCap
 from ._client import MAX_REDIRECTS, HubClient, RequestSigner, use_client
@@ -134,9 +134,9 @@ from ._resolution_cache import (
     _write_entry,
 )
 from ._sources import (
+    BucketSource,
     HubSource,
     LocalSource,
-    S3Source,
     Source,
     UrlSource,
     has_glob,
@@ -251,9 +251,6 @@ _PIN_CODEC: _Codec[_Pin] = _Codec("pin", _Pin.to_json, _Pin.from_json)
 # Memory only: a tree listing can be large, and the manifests made from it are on disk.
 _TREE_CODEC: _Codec[tuple[_File, ...]] = _Codec("tree")
 _CARD_CODEC: _Codec[dict[str, Any] | None] = _Codec("card")
-_S3_LISTING_CODEC: _Codec[tuple[_s3.S3Object, ...]] = _Codec(
-    "s3-listing", _s3.encode_listing, _s3.decode_listing
-)
 
 
 class _Counts:
@@ -396,7 +393,7 @@ class Resolver:
         hub_endpoint = access.endpoint
         call = _Call(access)
         manifests: list[Manifest] = []
-        run: list[UrlSource | LocalSource | S3Source] = []  # resolved together
+        run: list[UrlSource | LocalSource | BucketSource] = []  # resolved together
         for src in sources:
             if isinstance(src, HubSource):
                 if run:
@@ -426,7 +423,7 @@ class Resolver:
 
     async def _resolve_run(
         self,
-        run: Sequence[UrlSource | LocalSource | S3Source],
+        run: Sequence[UrlSource | LocalSource | BucketSource],
         config: str | None,
         split: str | None,
         call: _Call,
@@ -434,11 +431,11 @@ class Resolver:
         """Plain files and URLs; or objects of one bucket (one listing for all of them)."""
         what = _describe(run[0]) + (f" and {len(run) - 1} more" if len(run) > 1 else "")
         _check_one_split(what, config, split)
-        if isinstance(run[0], S3Source):
-            s3_sources = [src for src in run if isinstance(src, S3Source)]
-            files = await self._resolve_s3(s3_sources, call)
+        if isinstance(run[0], BucketSource):
+            bucket = [src for src in run if isinstance(src, BucketSource)]
+            files = await self._resolve_bucket(bucket, call)
         else:
-            plain = [src for src in run if not isinstance(src, S3Source)]
+            plain = [src for src in run if not isinstance(src, BucketSource)]
             files = await anyio.to_thread.run_sync(_plain_files, plain)
         return Manifest(
             files=files,
@@ -451,42 +448,15 @@ class Resolver:
 
     # -- plain files --------------------------------------------------------------------
 
-    # -- S3 buckets ---------------------------------------------------------------------
+    # -- buckets of object stores --------------------------------------------------------
 
-    async def _resolve_s3(self, sources: Sequence[S3Source], call: _Call) -> tuple[FileRef, ...]:
-        """The objects ``sources`` (of one bucket) name, from one listing of the prefix
-        they share, cached for ``pin_ttl`` seconds: an S3 listing has no commit."""
-        bucket = sources[0].bucket
-        ctx = await _s3.context(self._options, sources[0].uri)
-        prefix = _s3.listing_prefix([src.key for src in sources])
-        objects = await self._once(
-            ("s3-listing", ctx.identity, ctx.endpoint, bucket, prefix),
-            functools.partial(self._list_s3, ctx, bucket, prefix, call),
-            _S3_LISTING_CODEC,
-            ttl=self._options.pin_ttl,
-            call=call,
-        )
-        return await anyio.to_thread.run_sync(_s3.select, ctx, objects, sources, _glob_regex)
-
-    async def _list_s3(
-        self, ctx: _s3.S3Context, bucket: str, prefix: str, call: _Call
-    ) -> tuple[_s3.S3Object, ...]:
-        where = _Where(f"s3://{bucket}", "", None, ctx.endpoint)
-
-        def refused(response: httpx2.Response, body: bytes, attempts: int) -> Exception:
-            return _s3.listing_error(
-                ctx, bucket, prefix, response.status_code, response.headers, body
-            )
-
-        async def page(url: str) -> bytes:
-            answer = await self._get(
-                url, where, call, follow_redirects=False, signer=ctx, refused=refused
-            )
-            return answer.body
-
-        objects = await _s3.list_objects(page, ctx, bucket, prefix)
-        self._counts.resolutions += 1
-        return objects
+    async def _resolve_bucket(
+        self, sources: Sequence[BucketSource], call: _Call
+    ) -> tuple[FileRef, ...]:
+        """The objects ``sources`` (of one bucket) name: their store lists the bucket."""
+        store = stores.for_scheme(sources[0].scheme)
+        files = await store.resolve(sources, _StoreLister(self, call))
+        return files
 
     # -- Hub repos ----------------------------------------------------------------------
 
@@ -1002,7 +972,7 @@ def _json_body(body: bytes, url: str) -> Any:
 
 
 def _describe(src: Source) -> str:
-    if isinstance(src, S3Source):
+    if isinstance(src, BucketSource):
         return src.uri
     if isinstance(src, UrlSource):
         return src.url
@@ -1014,9 +984,9 @@ def _describe(src: Source) -> str:
 def _same_run(last: Source, src: Source) -> bool:
     """Whether ``src`` is resolved with ``last``: plain files and URLs together, the
     objects of one bucket together (one listing)."""
-    if isinstance(last, S3Source) and isinstance(src, S3Source):
-        return last.bucket == src.bucket
-    return not isinstance(last, S3Source) and not isinstance(src, S3Source)
+    if isinstance(last, BucketSource) and isinstance(src, BucketSource):
+        return (last.scheme, last.bucket) == (src.scheme, src.bucket)
+    return not isinstance(last, BucketSource) and not isinstance(src, BucketSource)
 
 
 def _check_one_split(what: str, config: str | None, split: str | None) -> None:
@@ -1067,6 +1037,52 @@ def _combine(manifests: Sequence[Manifest]) -> Manifest:
 
 
 # --- helpers: the on-disk cache -------------------------------------------------------
+
+
+class _StoreLister:
+    """What a store lists a bucket with (``stores.Lister``): this resolver's requests
+    (through the client), its coalescing and caches, its globs."""
+
+    def __init__(self, resolver: Resolver, call: _Call) -> None:
+        self._resolver = resolver
+        self._call = call
+
+    @property
+    def options(self) -> StreamOptions:
+        return self._resolver._options
+
+    async def get(
+        self,
+        url: str,
+        *,
+        signer: RequestSigner,
+        refused: Callable[[httpx2.Response, bytes, int], Exception],
+    ) -> bytes:
+        where = _Where(url.split("?", 1)[0], "", None, url)
+        answer = await self._resolver._get(
+            url, where, self._call, follow_redirects=False, signer=signer, refused=refused
+        )
+        return answer.body
+
+    async def once(
+        self,
+        key: tuple[Any, ...],
+        compute: Callable[[], Awaitable[T]],
+        encode: Callable[[T], Any],
+        decode: Callable[[Any], T],
+    ) -> T:
+        async def counted() -> T:
+            value = await compute()
+            self._resolver._counts.resolutions += 1
+            return value
+
+        codec = _Codec(str(key[0]), encode, decode)
+        return await self._resolver._once(
+            key, counted, codec, ttl=self._resolver._options.pin_ttl, call=self._call
+        )
+
+    def glob(self, pattern: str) -> Any:
+        return _glob_regex(pattern)
 
 
 #: The ``stream()`` arguments that resolution takes (the rest are the reading's).

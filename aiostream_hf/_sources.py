@@ -14,10 +14,11 @@ Accepted sources:
   revision ends at the first ``/``. The path may hold glob characters; it is
   matched against the repo tree later, by the resolver.
 - ``https://...`` and ``http://...`` URLs.
-- ``s3://BUCKET[/KEY-PREFIX-OR-GLOB]``: objects of an S3 (or S3-compatible) bucket. A key
+- ``SCHEME://BUCKET[/KEY-PREFIX-OR-GLOB]`` for the scheme of an object store
+  (``s3://``: ``aiostream_hf.stores`` registers the schemes): objects of a bucket. A key
   names one object, or the folder of that name (a trailing ``/`` says folder); glob
-  characters match keys as they match Hub paths. The bucket is listed later, by the
-  resolver (``_s3.py``); the ``s3`` extra (botocore) must be installed.
+  characters match keys as they match Hub paths. The bucket is listed later, by its
+  store; the store's extra must be installed (checked here).
 - local paths (absolute, relative, ``~``), ``file://`` URLs and local globs
   (``*``, ``?``, ``[...]``, ``**``). A directory stands for the files below it.
 - a list or tuple of these, flattened in order.
@@ -39,7 +40,7 @@ from __future__ import annotations
 import glob
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from itertools import pairwise
 from pathlib import Path
@@ -59,7 +60,9 @@ __all__ = [
     "MAX_BRACE_EXPANSION",
     "HubSource",
     "LocalSource",
-    "S3Source",
+    "BucketSource",
+    "is_bucket_uri",
+    "register_bucket_scheme",
     "Source",
     "UrlSource",
     "expand_braces",
@@ -118,23 +121,40 @@ class LocalSource:
 
 
 @dataclass(frozen=True, slots=True)
-class S3Source:
-    """Objects of an S3 bucket: one key, a folder of keys, or a glob over keys.
-
-    ``key`` is "" for the whole bucket; a key ending in ``/`` is a folder; a key with
-    glob characters is matched against the bucket's keys.
-    """
+class BucketSource:
+    """Objects of a bucket of an object store (``SCHEME://BUCKET/KEY``, a scheme a store
+    of ``aiostream_hf.stores`` registered): one key, a folder of keys, or a glob over
+    keys. ``key`` is "" for the whole bucket; a key ending in ``/`` is a folder; a key
+    with glob characters is matched against the bucket's keys."""
 
     bucket: str
     key: str
+    scheme: str = "s3"
 
     @property
     def uri(self) -> str:
-        """The canonical ``s3://BUCKET/KEY`` form, which parses back to this source."""
-        return f"s3://{self.bucket}/{self.key}"
+        """The canonical ``SCHEME://BUCKET/KEY`` form, which parses back to this source."""
+        return f"{self.scheme}://{self.bucket}/{self.key}"
 
 
-Source: TypeAlias = HubSource | UrlSource | LocalSource | S3Source
+#: The bucket schemes of the stores (``aiostream_hf.stores`` registers them), each with
+#: the check that its store can be used (its extra installed), run when a source parses.
+_BUCKET_SCHEMES: dict[str, Callable[[], None]] = {}
+
+
+def is_bucket_uri(value: str) -> bool:
+    """Whether ``value`` is a ``SCHEME://...`` of a registered bucket store."""
+    scheme, sep, _ = value.partition("://")
+    return bool(sep) and scheme.lower() in _BUCKET_SCHEMES
+
+
+def register_bucket_scheme(scheme: str, check: Callable[[], None]) -> None:
+    """Parse ``scheme://BUCKET/KEY`` as a ``BucketSource``; ``check`` raises
+    ``SourceError`` naming what is missing when its store cannot be used."""
+    _BUCKET_SCHEMES[scheme] = check
+
+
+Source: TypeAlias = HubSource | UrlSource | LocalSource | BucketSource
 
 _ACCEPTED_FORMS = (
     "Accepted sources: 'hf://datasets/ORG/NAME[@REVISION][/PATH-OR-GLOB]'; "
@@ -226,8 +246,8 @@ def _parse_one(source: object) -> list[Source]:
         return [_parse_hub(uri, source) for uri in _expand(source, source)]
     if scheme in ("http", "https"):
         return [_parse_url(url, source) for url in _expand(source, source)]
-    if scheme == "s3":
-        return [_parse_s3(uri, source) for uri in _expand(source, source)]
+    if scheme in _BUCKET_SCHEMES:
+        return [_parse_bucket(uri, scheme, source) for uri in _expand(source, source)]
     if scheme == "file":
         paths = [_file_url_path(url, source) for url in _expand(source, source)]
         return _local_sources(paths, source)
@@ -267,22 +287,20 @@ def _file_url_path(url: str, source: object) -> str:
     return url2pathname(parts.path)
 
 
-# --- s3:// ----------------------------------------------------------------------------------
+# --- buckets (s3:// and any store's scheme) ---------------------------------------------------
 
-# S3's bucket naming rules (3-63 lowercase letters, digits, dots and hyphens, starting and
-# ending with a letter or digit), widened as S3-compatible stores and old us-east-1 buckets
-# allow (uppercase letters, underscores, up to 255 characters).
+# Bucket names: 3-63 lowercase letters, digits, dots and hyphens, starting and ending with
+# a letter or digit, widened as compatible stores and old buckets allow (uppercase letters,
+# underscores, up to 255 characters).
 _BUCKET = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9._-]{0,253}[A-Za-z0-9])?$")
-_MAX_KEY_BYTES = 1024  # S3's limit on a key, in UTF-8 bytes
+_MAX_KEY_BYTES = 1024  # the longest key, in UTF-8 bytes
 
 
-def _parse_s3(uri: str, source: object) -> S3Source:
-    """Split ``s3://BUCKET/KEY``; the key is kept as written (S3 keys are not URL-quoted)."""
-    from ._s3 import require_botocore
-
+def _parse_bucket(uri: str, scheme: str, source: object) -> BucketSource:
+    """Split ``SCHEME://BUCKET/KEY``; the key is kept as written (keys are not URL-quoted)."""
     bucket, _, key = uri[uri.index("://") + 3 :].partition("/")
     if not bucket:
-        raise _fail(f"{uri!r} names no bucket: write 's3://BUCKET/KEY-PREFIX'", source)
+        raise _fail(f"{uri!r} names no bucket: write '{scheme}://BUCKET/KEY-PREFIX'", source)
     if not _BUCKET.match(bucket):
         raise _fail(
             f"{uri!r}: {bucket!r} is not a bucket name (letters, digits, '.', '-' and '_'; "
@@ -290,11 +308,11 @@ def _parse_s3(uri: str, source: object) -> S3Source:
             source,
         )
     if len(key.encode("utf-8", "surrogatepass")) > _MAX_KEY_BYTES:
-        raise _fail(f"{uri!r}: the key is longer than S3's {_MAX_KEY_BYTES} bytes", source)
+        raise _fail(f"{uri!r}: the key is longer than {_MAX_KEY_BYTES} bytes", source)
     if any(ord(c) < 0x20 or c == "\x7f" for c in key):
         raise _fail(f"{uri!r}: the key has a control character", source)
-    require_botocore()
-    return S3Source(bucket=bucket, key=key)
+    _BUCKET_SCHEMES[scheme]()
+    return BucketSource(bucket=bucket, key=key, scheme=scheme)
 
 
 # --- hf:// ----------------------------------------------------------------------------------

@@ -27,9 +27,10 @@ a transfer sends the requests, follows redirects, judges each answer and resumes
   one; so is one with no bytes for ``timeout`` seconds.
 - Unreachable hosts. A host that never answered and refuses the connection (or has
   no DNS name) is tried once more, then ``UnreachableError`` names it.
-- Objects of an S3 listing (``_s3``) are read from their own URL from the first request
-  (no resolution: ``If-Match`` carries the listing's ETag at once), each attempt signed
-  by the client as it is sent (SigV4); an error answer's ``<Code>`` names the problem.
+- Objects of a bucket store's listing (``stores``) are read from their own URL from the
+  first request (no resolution: ``If-Match`` carries the listing's ETag at once), each
+  attempt signed by the client as it is sent, with the store's context; the store says
+  what an error answer means.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ import anyio
 import httpx2
 import pyarrow as pa
 
-from . import _s3
+from . import stores
 from ._access import origin
 from ._client import Route
 from ._exceptions import FetchError, FileChangedError, RangeMismatchError, RetriesExhaustedError
@@ -425,8 +426,9 @@ class _Transfer:
                     ) from exc
                 else:
                     f._note_response(host, self, response)
-                    if signer is not None and response.status_code in (400, 401, 403):
-                        self.error_body = await _s3.error_body(response)
+                    store = stores.for_file(self.file) if signer is not None else None
+                    if store is not None and response.status_code in (400, 401, 403):
+                        self.error_body = await store.error_body(response)
                     outcome = self._accept(response, route, url)
             except BaseException:
                 await self._drop(response)
@@ -656,9 +658,10 @@ class _Transfer:
         where = file.url if url == file.url else f"{file.url} (served by {_display(url)})"
         if status == 404 and route is not None and route.direct:
             return self._changed(f"{where} answered 404{note}: it was removed", status=404)
-        if _s3.is_s3(file):
-            ctx, attempts = self.fetcher._s3, self.failures + 1
-            return _s3.read_error(ctx, file, status, self.error_body, attempts)
+        store = stores.for_file(file)
+        if store is not None:
+            ctx = self.fetcher._store_contexts.get(store.scheme)
+            return store.read_error(ctx, file, status, self.error_body, self.failures + 1)
         if status == 404:
             message = f"{file.path}: not found: HTTP 404 from {where}{note}"
         elif status in (401, 403) and self.fetcher._is_hub(url):

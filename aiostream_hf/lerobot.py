@@ -122,7 +122,7 @@ from ._options import StreamOptions
 from ._prefetch import Job
 from ._received import Received
 from ._resolver import Resolver
-from ._sources import HubSource, S3Source, has_glob, parse_sources
+from ._sources import BucketSource, HubSource, has_glob, is_bucket_uri, parse_sources
 from .formats import ByteSource, ReadRequest
 from .formats.parquet import DecodeBudget, ParquetDecoder, decode_units, read_footer
 from .video import VideoReader, VideoStatistics
@@ -301,16 +301,16 @@ def stream(
     )
 
 
-def _parse_repo(repo: object) -> HubSource | S3Source | Path:
-    if isinstance(repo, str) and repo.startswith("s3://"):
+def _parse_repo(repo: object) -> HubSource | BucketSource | Path:
+    if isinstance(repo, str) and is_bucket_uri(repo):
         sources = parse_sources(repo)
         bucket = sources[0] if len(sources) == 1 else None
-        if not isinstance(bucket, S3Source) or has_glob(bucket.key):
+        if not isinstance(bucket, BucketSource) or has_glob(bucket.key):
             raise SourceError(
                 f"{repo!r} is not one LeRobot dataset: give its folder, s3://BUCKET/PREFIX/"
             )
         folder = bucket.key.strip("/")
-        return S3Source(bucket.bucket, f"{folder}/" if folder else "")
+        return BucketSource(bucket.bucket, f"{folder}/" if folder else "", bucket.scheme)
     if isinstance(repo, str) and repo.startswith("hf://"):
         sources = parse_sources(repo)
         found = sources[0] if len(sources) == 1 else None
@@ -420,7 +420,7 @@ class LeRobotStream(Engine["_Batch"]):
         if split is not None and not isinstance(split, str):
             raise SourceError(f"split={split!r}: give a split name or None")
         self._meta: LeRobotMetadata | None = None
-        self._source: HubSource | S3Source | Path | None = None
+        self._source: HubSource | BucketSource | Path | None = None
         if isinstance(repo, LeRobotMetadata):
             self._meta = repo  # loaded elsewhere (e.g. in a DataLoader's parent process)
             if endpoint is None:
@@ -585,8 +585,8 @@ class LeRobotStream(Engine["_Batch"]):
         assert self._source is not None  # no metadata given: the stream has a source
         if isinstance(self._source, Path):
             return await anyio.to_thread.run_sync(_local_root, self._source)
-        if isinstance(self._source, S3Source):
-            return await _s3_root(self._source, resolver)
+        if isinstance(self._source, BucketSource):
+            return await _bucket_root(self._source, resolver)
         return await _hub_root(self._source, resolver)
 
     async def _loaded_units(self, resume: Mapping[str, Any] | None) -> AsyncGenerator[_Batch, None]:
@@ -896,7 +896,7 @@ def _local_root(path: Path) -> _Root:
     return _Root(label=str(path), files=files)
 
 
-async def _s3_root(folder: S3Source, resolver: Resolver) -> _Root:
+async def _bucket_root(folder: BucketSource, resolver: Resolver) -> _Root:
     """Every object of the dataset's folder, with sizes and ETags, from one listing."""
     manifest = await resolver.resolve(folder.uri)
     files = {f.path[len(folder.uri) :]: f for f in manifest.files}

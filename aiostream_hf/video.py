@@ -83,7 +83,7 @@ from ._mp4 import (
     parse_moov,
     read_box_header,
 )
-from ._sources import HubSource, S3Source, has_glob, parse_sources
+from ._sources import BucketSource, HubSource, has_glob, is_bucket_uri, parse_sources
 from .formats import ByteSource, StreamSource
 from .formats._split import next_job, split, usable_cpus
 
@@ -237,7 +237,7 @@ class VideoReader:
         if self._index is not None:
             return
         try:
-            listed = self.file.url.startswith(("s3://", "hf://"))
+            listed = self.file.url.startswith("hf://") or is_bucket_uri(self.file.url)
             if self._source is None or listed:
                 from ._engine import open_readers
                 from ._options import StreamOptions
@@ -596,7 +596,7 @@ class VideoReader:
 def check_source(source: str) -> None:
     """Raise ``SourceError`` now for an hf:// or s3:// URL that ``open`` would refuse
     (one that does not name one file); reads nothing."""
-    if source.startswith(("hf://", "s3://")):
+    if source.startswith("hf://") or is_bucket_uri(source):
         _file_ref(source)
 
 
@@ -616,12 +616,12 @@ def _file_ref(source: VideoSource) -> FileRef:
                     "hf://datasets/ORG/NAME[@REVISION]/PATH/TO/VIDEO.mp4"
                 )
             return FileRef(source, source)  # its URL, size and ETag: at aopen()
-        if scheme == "s3":
+        if is_bucket_uri(source):
             found = parse_sources(source)
             src = found[0] if len(found) == 1 else None
-            if not isinstance(src, S3Source) or has_glob(src.key) or src.key.endswith("/"):
+            if not isinstance(src, BucketSource) or has_glob(src.key) or src.key.endswith("/"):
                 raise SourceError(
-                    f"cannot open {source!r} as a video: name one object, s3://BUCKET/KEY"
+                    f"cannot open {source!r} as a video: name one object, {scheme}://BUCKET/KEY"
                 )
             return FileRef(src.uri, src.uri)  # its URL, size and ETag: at aopen()
         if scheme == "file":

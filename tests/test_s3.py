@@ -21,8 +21,9 @@ import pyarrow.parquet as pq
 import pytest
 
 import aiostream_hf as ash
-from aiostream_hf import _s3, lerobot, video
+from aiostream_hf import lerobot, video
 from aiostream_hf._fetcher import RangeFetcher
+from aiostream_hf.stores import s3 as _s3
 from aiostream_hf.testing import (
     make_lerobot_dataset,
     make_text_parquet,

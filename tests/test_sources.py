@@ -16,9 +16,9 @@ from aiostream_hf import _sources
 from aiostream_hf._exceptions import SourceError
 from aiostream_hf._sources import (
     MAX_BRACE_EXPANSION,
+    BucketSource,
     HubSource,
     LocalSource,
-    S3Source,
     UrlSource,
     expand_braces,
     has_glob,
@@ -601,7 +601,7 @@ def test_nested_list_fails() -> None:
         ("s3://-bucket/key", "is not a bucket name"),
         ("s3://bu cket/key", "is not a bucket name"),
         ("s3://bucket/a\nb", "the key has a control character"),
-        ("s3://bucket/" + "k" * 1025, "longer than S3's 1024 bytes"),
+        ("s3://bucket/" + "k" * 1025, "longer than 1024 bytes"),
         ("ftp://host/file", "unsupported scheme 'ftp://'"),
         ("", "empty source string"),
         (None, "must be a string or a path, not NoneType"),
@@ -615,14 +615,14 @@ def test_unsupported_sources_fail(source: object, problem: str) -> None:
 
 
 def test_s3_sources_keep_their_keys_as_written_and_expand_braces() -> None:
-    assert parse_sources("s3://my-bucket") == [S3Source("my-bucket", "")]
-    assert parse_sources("s3://my-bucket/data/") == [S3Source("my-bucket", "data/")]
-    assert parse_sources("s3://b.k_1/a b/c%20d+e.tar") == [S3Source("b.k_1", "a b/c%20d+e.tar")]
-    assert parse_sources("s3://bkt/x/**/*.parquet") == [S3Source("bkt", "x/**/*.parquet")]
+    assert parse_sources("s3://my-bucket") == [BucketSource("my-bucket", "")]
+    assert parse_sources("s3://my-bucket/data/") == [BucketSource("my-bucket", "data/")]
+    assert parse_sources("s3://b.k_1/a b/c%20d+e.tar") == [BucketSource("b.k_1", "a b/c%20d+e.tar")]
+    assert parse_sources("s3://bkt/x/**/*.parquet") == [BucketSource("bkt", "x/**/*.parquet")]
     assert parse_sources("s3://bkt/train-{000..002}.tar") == [
-        S3Source("bkt", f"train-{i:03d}.tar") for i in range(3)
+        BucketSource("bkt", f"train-{i:03d}.tar") for i in range(3)
     ]
-    assert S3Source("bkt", "a/b.tar").uri == "s3://bkt/a/b.tar"
+    assert BucketSource("bkt", "a/b.tar").uri == "s3://bkt/a/b.tar"
 
 
 def test_all_is_the_public_surface() -> None:
@@ -630,11 +630,13 @@ def test_all_is_the_public_surface() -> None:
         "MAX_BRACE_EXPANSION",
         "HubSource",
         "LocalSource",
-        "S3Source",
+        "BucketSource",
         "Source",
         "UrlSource",
         "expand_braces",
         "has_glob",
+        "is_bucket_uri",
+        "register_bucket_scheme",
         "parse_sources",
     }
     assert all(hasattr(_sources, name) for name in _sources.__all__)

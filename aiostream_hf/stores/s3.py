@@ -62,14 +62,14 @@ import xml.etree.ElementTree as ET
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, unquote, urlsplit
 
 import anyio.to_thread
 import httpx2
 
-from ._client import origin
-from ._exceptions import (
+from .._access import origin
+from .._exceptions import (
     AccessDeniedError,
     EntryNotFoundError,
     FetchError,
@@ -77,11 +77,15 @@ from ._exceptions import (
     ResolutionError,
     SourceError,
 )
-from ._models import FileRef
-from ._options import StreamOptions
-from ._sources import S3Source, has_glob
+from .._models import FileRef
+from .._options import StreamOptions
+from .._sources import BucketSource, has_glob
+
+if TYPE_CHECKING:
+    from . import Lister
 
 __all__ = [
+    "STORE",
     "MAX_LIST_BYTES",
     "MAX_LIST_KEYS",
     "MAX_LIST_PAGES",
@@ -509,7 +513,7 @@ def _display(url: str) -> str:
 def select(
     ctx: S3Context,
     objects: Sequence[S3Object],
-    sources: Sequence[S3Source],
+    sources: Sequence[BucketSource],
     match: Callable[[str], re.Pattern[str]],
 ) -> tuple[FileRef, ...]:
     """The files ``sources`` name among the listed ``objects`` (of one bucket), in the
@@ -668,3 +672,56 @@ def read_error(
         status=status,
         attempts=attempts,
     )
+
+
+# -- the store ------------------------------------------------------------------------------
+
+
+class S3Store:
+    """The ``s3://`` store (``stores.BucketStore``): what the resolver and the fetcher
+    ask of a bucket of objects, answered with S3's wire format."""
+
+    scheme = "s3"
+
+    def check_available(self) -> None:
+        require_botocore()
+
+    async def context(self, options: StreamOptions, what: str) -> S3Context:
+        return await context(options, what)
+
+    async def resolve(self, sources: Sequence[BucketSource], lister: Lister) -> tuple[FileRef, ...]:
+        """The objects ``sources`` (of one bucket) name, from one listing of the prefix
+        they share, cached for ``pin_ttl`` seconds: a listing has no commit."""
+        bucket = sources[0].bucket
+        ctx = await context(lister.options, sources[0].uri)
+        prefix = listing_prefix([src.key for src in sources])
+
+        async def listed() -> tuple[S3Object, ...]:
+            def refused(response: httpx2.Response, body: bytes, attempts: int) -> Exception:
+                return listing_error(
+                    ctx, bucket, prefix, response.status_code, response.headers, body
+                )
+
+            async def page(url: str) -> bytes:
+                return await lister.get(url, signer=ctx, refused=refused)
+
+            return await list_objects(page, ctx, bucket, prefix)
+
+        objects = await lister.once(
+            ("s3-listing", ctx.identity, ctx.endpoint, bucket, prefix),
+            listed,
+            encode_listing,
+            decode_listing,
+        )
+        return await anyio.to_thread.run_sync(select, ctx, objects, sources, lister.glob)
+
+    async def error_body(self, response: httpx2.Response) -> bytes:
+        return await error_body(response)
+
+    def read_error(
+        self, ctx: Any, file: FileRef, status: int, body: bytes, attempts: int
+    ) -> FetchError:
+        return read_error(ctx if isinstance(ctx, S3Context) else None, file, status, body, attempts)
+
+
+STORE = S3Store()
