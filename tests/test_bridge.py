@@ -245,3 +245,36 @@ def test_close_on_the_bridge_thread_does_not_wait_for_itself() -> None:
 
     _bridge.portal().call(it.close)  # runs on the bridge's thread
     assert cleaned.wait(30)
+
+
+def test_a_cleanup_stuck_at_exit_delays_the_exit_by_a_bound_only() -> None:
+    """The exit hook gives the producers EXIT_TIMEOUT to clean up; one stuck for an
+    hour (shielded) is left to the interpreter, which exits silently."""
+    script = textwrap.dedent(
+        """
+        import anyio
+        from aiostream_hf import _bridge
+
+        async def stuck():
+            try:
+                while True:
+                    await anyio.sleep(0.01)
+                    yield 1
+            finally:
+                with anyio.CancelScope(shield=True):
+                    await anyio.sleep(3600)
+
+        def rows():
+            yield from _bridge.iterate(stuck)
+
+        it = rows()
+        next(it)
+        print("leaving", flush=True)
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "leaving"
+    assert done.stderr == ""
