@@ -323,12 +323,9 @@ class ShardFile(io.RawIOBase):
     def close(self) -> None:
         if not self.closed:
             self._block = memoryview(b"")
-            if threading.current_thread().name == "aiostream-hf-bridge":
-                # Collected by the garbage collector on the bridge's own thread: it
-                # cannot wait for itself; cancelling the producer is enough.
-                self._blocks._future.cancel()
-            else:
-                self._blocks.close()
+            # Also from the garbage collector, on any thread (the bridge's own) and at
+            # interpreter exit: SyncIterator.close waits only where it can.
+            self._blocks.close()
         super().close()
 
 

@@ -14,6 +14,7 @@ import anyio
 import anyio.lowlevel
 import pytest
 
+import aiostream_hf as ash
 from aiostream_hf import _bridge
 
 
@@ -76,6 +77,27 @@ def test_break_cancels_the_producer_and_runs_its_cleanup() -> None:
     # in send, and may have made one more in hand. Unbounded production fails this.
     assert n <= 4 + 3 * (8 + 1)
     assert threading.active_count() == threads_before
+
+
+def test_close_waits_for_a_cleanup_that_awaits() -> None:
+    """A producer's cleanup that awaits (closing a connection, a file) has ended when
+    close() returns: the resources are released when the loop is left, not later."""
+    cleaned = threading.Event()
+
+    async def endless() -> AsyncIterator[int]:
+        try:
+            while True:
+                yield 1
+                await anyio.lowlevel.checkpoint()
+        finally:
+            with anyio.CancelScope(shield=True):
+                for _ in range(20):
+                    await anyio.sleep(0.005)
+            cleaned.set()
+
+    for _ in _bridge.iterate(endless, buffer=2):
+        break
+    assert cleaned.is_set()
 
 
 def test_close_is_idempotent_and_stops_iteration() -> None:
@@ -173,3 +195,86 @@ def test_the_interpreter_exits_with_a_producer_still_running() -> None:
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "leaving"
+
+
+def test_stopping_at_exit_cancels_producers_and_nothing_waits_after() -> None:
+    """What the atexit hook does: every producer is cancelled and cleaned up, the loop
+    ends; a left iterator's close() then waits on nothing, and its next() says why."""
+    cleaned = threading.Event()
+
+    async def endless() -> AsyncIterator[int]:
+        try:
+            while True:
+                yield 1
+                await anyio.sleep(0.01)
+        finally:
+            cleaned.set()
+
+    it = _bridge.SyncIterator(endless, buffer=2)
+    assert next(it) == 1
+    starts = _bridge.statistics().starts
+    (thread,) = _bridge_threads()
+    _bridge._stop_at_exit()
+    assert cleaned.is_set()  # cancelled, its finally ran, before the hook returned
+    assert not thread.is_alive()
+    assert not _bridge.statistics().alive
+    with pytest.raises(ash.ClosedResourceError, match="interpreter is exiting"):
+        next(it)
+    it.close()  # returns: nothing left to wait on
+    # A later user gets a new bridge.
+    assert list(_bridge.iterate(_empty)) == []
+    assert _bridge.statistics().starts == starts + 1
+
+
+def test_close_on_the_bridge_thread_does_not_wait_for_itself() -> None:
+    """A garbage collection on the bridge's own thread may close an iterator there
+    (a ShardFile collected in a decode); it cancels its producer, closes the hand-off
+    (no ResourceWarning) and returns."""
+    cleaned = threading.Event()
+
+    async def endless() -> AsyncIterator[int]:
+        try:
+            while True:
+                yield 1
+                await anyio.sleep(0.01)
+        finally:
+            cleaned.set()
+
+    it = _bridge.SyncIterator(endless, buffer=2)
+    assert next(it) == 1
+
+    _bridge.portal().call(it.close)  # runs on the bridge's thread
+    assert cleaned.wait(30)
+
+
+def test_a_cleanup_stuck_at_exit_delays_the_exit_by_a_bound_only() -> None:
+    """The exit hook gives the producers EXIT_TIMEOUT to clean up; one stuck for an
+    hour (shielded) is left to the interpreter, which exits silently."""
+    script = textwrap.dedent(
+        """
+        import anyio
+        from aiostream_hf import _bridge
+
+        async def stuck():
+            try:
+                while True:
+                    await anyio.sleep(0.01)
+                    yield 1
+            finally:
+                with anyio.CancelScope(shield=True):
+                    await anyio.sleep(3600)
+
+        def rows():
+            yield from _bridge.iterate(stuck)
+
+        it = rows()
+        next(it)
+        print("leaving", flush=True)
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "leaving"
+    assert done.stderr == ""
