@@ -71,7 +71,6 @@ import json
 import logging
 import os
 import posixpath
-import re
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -86,17 +85,12 @@ import filelock
 import httpx2
 
 from . import stores
-from ._access import DEFAULT_ENDPOINT, Access, find_access, origin
+from ._access import DEFAULT_ENDPOINT, Access, find_access
 from ._answers import Answer, BodyCap
 from ._client import MAX_REDIRECTS, HubClient, RequestSigner, use_client
 from ._exceptions import (
     ClosedResourceError,
     ConfigNotFoundError,
-    EntryNotFoundError,
-    GatedRepoError,
-    RepoNotFoundError,
-    ResolutionError,
-    RevisionNotFoundError,
     SourceError,
     SplitNotFoundError,
     UsageError,
@@ -109,14 +103,10 @@ from ._hub_layout import (
     _bad_input,
     _common_format,
     _File,
-    _front_matter,
     _glob_base,
     _glob_regex,
-    _load_yaml,
     _sanitize_data_files,
     _select,
-    _short,
-    _tree_file,
     _Where,
 )
 from ._models import FileRef, Manifest
@@ -142,6 +132,8 @@ from ._sources import (
     has_glob,
     parse_sources,
 )
+from .stores import hub
+from .stores.hub import MAX_TREE_BYTES, MAX_TREE_FILES, MAX_TREE_PAGES
 
 __all__ = [
     "DATA_FILE_EXTENSIONS",
@@ -173,15 +165,6 @@ _MiB = 1024 * 1024
 #: The largest API answer (a tree page, a revision's info) read, in bytes. A Hub tree
 #: page of 1,000 entries is about 0.3 MB.
 MAX_API_BODY = 16 * _MiB
-#: The most pages of one tree listing followed (the Hub pages 1,000 entries at a time).
-MAX_TREE_PAGES = 10_000
-#: The most files one tree listing may hold.
-MAX_TREE_FILES = 1_000_000
-#: The most bytes all the pages of one tree listing may add up to (a listing of a
-#: million files is about 200 MB).
-MAX_TREE_BYTES = 1024 * _MiB
-
-_SHA = re.compile(r"^[0-9a-f]{40}$")
 # In-memory caches are bounded by the files they hold (a pin or a card counts as one).
 _MEMORY_WEIGHT = 2_000_000
 _LISTING_WEIGHT = 2_000_000
@@ -215,39 +198,8 @@ class ResolverStatistics:
 T = TypeVar("T")
 
 
-@dataclass(frozen=True, slots=True)
-class _Pin:
-    """A revision pinned to a commit, with what the pin request told about the repo."""
-
-    sha: str
-    card: dict[str, Any] | None = None
-    card_known: bool = False  # False when the revision was a sha and no request was made
-    gated: bool = False
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "sha": self.sha,
-            "card": self.card,
-            "card_known": self.card_known,
-            "gated": self.gated,
-        }
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> _Pin:
-        sha = data["sha"]
-        if not isinstance(sha, str) or not _SHA.match(sha):
-            raise ValueError(f"bad sha {sha!r}")
-        card = data.get("card")
-        return cls(
-            sha=sha,
-            card=card if isinstance(card, dict) else None,
-            card_known=bool(data["card_known"]),
-            gated=bool(data.get("gated")),
-        )
-
-
 _MANIFEST_CODEC: _Codec[Manifest] = _Codec("manifest", Manifest.to_json, Manifest.from_json)
-_PIN_CODEC: _Codec[_Pin] = _Codec("pin", _Pin.to_json, _Pin.from_json)
+_PIN_CODEC: _Codec[hub.Pin] = _Codec("pin", hub.Pin.to_json, hub.Pin.from_json)
 # Memory only: a tree listing can be large, and the manifests made from it are on disk.
 _TREE_CODEC: _Codec[tuple[_File, ...]] = _Codec("tree")
 _CARD_CODEC: _Codec[dict[str, Any] | None] = _Codec("card")
@@ -471,12 +423,14 @@ class Resolver:
     ) -> Manifest:
         revision = src.revision or "main"
         who = await call.identity()  # every key carries it: entries stay with their token
-        if _SHA.match(revision):
-            pin = _Pin(revision)
+        if hub.is_sha(revision):
+            pin = hub.Pin(revision)
         else:
             pin = await self._once(
                 ("pin", who, endpoint, src.repo_id, revision),
-                functools.partial(self._fetch_pin, endpoint, src.repo_id, revision, call),
+                functools.partial(
+                    hub.fetch_pin, self._hub_get(call), endpoint, src.repo_id, revision
+                ),
                 _PIN_CODEC,
                 ttl=self._options.pin_ttl,
                 call=call,
@@ -501,7 +455,7 @@ class Resolver:
         self,
         src: HubSource,
         revision: str,
-        pin: _Pin,
+        pin: hub.Pin,
         config: str | None,
         split: str | None,
         data_files: dict[str, list[str]] | None,
@@ -524,7 +478,7 @@ class Resolver:
         else:
             tree = await self._once(
                 root[:-1] + (base,),
-                functools.partial(self._list_tree, where, base, call, path),
+                functools.partial(hub.list_tree, self._hub_get(call), where, base, path),
                 _TREE_CODEC,
                 ttl=None,
                 call=call,
@@ -533,7 +487,7 @@ class Resolver:
         if path is None:
             card = await self._once(
                 ("card", who, endpoint, src.repo_id, pin.sha),
-                functools.partial(self._fetch_card, where, pin, tree, call),
+                functools.partial(hub.fetch_card, self._hub_get(call), where, pin, tree),
                 _CARD_CODEC,
                 ttl=None,
                 call=call,
@@ -561,7 +515,7 @@ class Resolver:
             for file_split, f in selection.files
         )
         if pin.gated and files:
-            await self._check_access(where, files[0].url, call)
+            await hub.check_access(self._hub_get(call), where, files[0].url)
         self._counts.resolutions += 1
         return Manifest(
             files=files,
@@ -575,126 +529,9 @@ class Resolver:
             format=selection.format,
         )
 
-    async def _fetch_pin(self, endpoint: str, repo: str, revision: str, call: _Call) -> _Pin:
-        url = f"{endpoint}/api/datasets/{repo}/revision/{quote(revision, safe='')}"
-        params = httpx2.QueryParams(
-            [("expand", "sha"), ("expand", "cardData"), ("expand", "gated")]
-        )
-        where = _Where(repo, revision, None, endpoint)
-        answer = await self._get(url, where, call, params=params)
-        data = _json_body(answer.body, url)
-        if not isinstance(data, dict):
-            raise ResolutionError(f"GET {url} answered {type(data).__name__}, not an object")
-        sha = data.get("sha")
-        if not isinstance(sha, str) or not _SHA.match(sha):
-            raise ResolutionError(f"GET {url} answered no commit sha (got {_short(sha)})")
-        card = data.get("cardData")
-        gated = data.get("gated")
-        if gated is not None and not isinstance(gated, (bool, str)):
-            raise ResolutionError(f"GET {url} answered gated={_short(gated)}: not a bool or a str")
-        return _Pin(
-            sha=sha,
-            card=card if isinstance(card, dict) else None,
-            card_known=True,
-            gated=bool(gated),
-        )
-
-    async def _fetch_card(
-        self, where: _Where, pin: _Pin, tree: Sequence[_File], call: _Call
-    ) -> dict[str, Any] | None:
-        """The repo card's YAML: from the pin request, else README.md (only if present)."""
-        card = pin.card
-        paths = {f.path for f in tree if "/" not in f.path}
-        if not pin.card_known and "README.md" in paths:
-            text = await self._fetch_text(where, "README.md", call)
-            card = await anyio.to_thread.run_sync(_front_matter, text, f"{where.label}: README.md")
-        if ".huggingface.yaml" in paths:
-            # datasets merges the standalone YAML over the README's (load.py).
-            text = await self._fetch_text(where, ".huggingface.yaml", call)
-            extra = await anyio.to_thread.run_sync(
-                _load_yaml, text, f"{where.label}: .huggingface.yaml"
-            )
-            if isinstance(extra, dict):
-                card = {**(card or {}), **extra}
-        return card
-
-    async def _list_tree(
-        self, where: _Where, base: str, call: _Call, path: str | None
-    ) -> tuple[_File, ...]:
-        """Every file below ``base``, from the pages of the recursive tree listing,
-        bounded by ``MAX_TREE_PAGES``, ``MAX_TREE_FILES`` and ``MAX_TREE_BYTES``."""
-        assert where.sha is not None
-        url: str | None = f"{where.endpoint}/api/datasets/{where.repo}/tree/{where.sha}"
-        if base:
-            url = f"{url}/{quote(base, safe='')}"
-        params: httpx2.QueryParams | None = httpx2.QueryParams(
-            [("recursive", "true"), ("expand", "false")]
-        )
-        files: list[_File] = []
-        paths: set[str] = set()
-        seen: set[str] = set()
-        received = 0
-        while url is not None:
-            if url in seen:
-                raise ResolutionError(f"the tree listing of {where.label} loops at {url}")
-            if len(seen) >= MAX_TREE_PAGES:
-                raise ResolutionError(
-                    f"the tree listing of {where.label} goes on past {MAX_TREE_PAGES} pages "
-                    f"(MAX_TREE_PAGES), at {url}: refusing to follow it further"
-                )
-            seen.add(url)
-            answer = await self._get(url, where, call, params=params, missing=path)
-            params = None  # the next-page URL carries the query
-            received += len(answer.body)
-            if received > MAX_TREE_BYTES:
-                raise ResolutionError(
-                    f"the tree listing of {where.label} is over {MAX_TREE_BYTES} bytes "
-                    f"(MAX_TREE_BYTES) after {len(seen)} pages: refusing to read more"
-                )
-            entries = _json_body(answer.body, url)
-            if not isinstance(entries, list):
-                raise ResolutionError(f"GET {url} answered {type(entries).__name__}, not a list")
-            following = _next_page(answer.response, where, url)
-            if not entries and following is not None:
-                raise ResolutionError(
-                    f"GET {url}: a page of the tree listing of {where.label} is empty yet "
-                    "announces another: refusing to follow it"
-                )
-            for entry in entries:
-                if not isinstance(entry, dict) or not isinstance(entry.get("type"), str):
-                    raise ResolutionError(
-                        f"GET {url}: malformed tree entry {_short(entry)} in {where.label}"
-                    )
-                if entry["type"] != "file":
-                    continue  # folders, and kinds of entry a dataset has no use for
-                f = _tree_file(entry, url, where, base)
-                if f.path in paths:
-                    raise ResolutionError(
-                        f"GET {url}: the tree listing of {where.label} lists {f.path!r} twice"
-                    )
-                if len(files) >= MAX_TREE_FILES:
-                    raise ResolutionError(
-                        f"the tree listing of {where.label} holds more than {MAX_TREE_FILES} "
-                        "files (MAX_TREE_FILES): name a folder or a glob to list less"
-                    )
-                paths.add(f.path)
-                files.append(f)
-            url = following
-        files.sort(key=lambda f: f.path)
-        return tuple(files)
-
-    async def _fetch_text(self, where: _Where, name: str, call: _Call) -> str:
-        assert where.sha is not None
-        url = f"{where.endpoint}/datasets/{where.repo}/resolve/{where.sha}/{quote(name)}"
-        answer = await self._get(url, where, call, missing=name, body="text")
-        try:
-            return answer.body.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise ResolutionError(f"{where.label}: {name} ({url}) is not UTF-8: {exc}") from exc
-
-    async def _check_access(self, where: _Where, url: str, call: _Call) -> None:
-        """Fail early, with GatedRepoError, when the token cannot read a gated repo."""
-        await self._get(url, where, call, method="HEAD", follow_redirects=False, body=None)
+    def _hub_get(self, call: _Call) -> hub.Get:
+        """This call's requests to the Hub (``stores.hub`` sends through it)."""
+        return functools.partial(self._get, call=call)
 
     # -- HTTP -----------------------------------------------------------------------------
 
@@ -751,7 +588,7 @@ class Resolver:
             return answer
         if refused is not None:
             raise refused(answer.response, answer.body, answer.attempts)
-        raise _http_error(answer.response, where, missing, answer.attempts, call.access)
+        raise hub.http_error(answer.response, where, missing, answer.attempts, call.access)
 
     # -- coalescing -----------------------------------------------------------------------
 
@@ -880,51 +717,6 @@ class Resolver:
 # --- helpers: environment, HTTP --------------------------------------------------------
 
 
-def _http_error(
-    response: httpx2.Response,
-    where: _Where,
-    missing: str | None,
-    attempts: int,
-    access: Access | None = None,
-) -> ResolutionError:
-    code = response.headers.get("x-error-code", "")
-    status = response.status_code
-    url = str(response.request.url)
-    if code == "RepoNotFound" or (status == 401 and not code):
-        if access is not None and access.token:
-            fix = (
-                f"the token (from {access.token_source or 'token='}) cannot read it: check "
-                "the repo id, or use a token of an account that can read it"
-            )
-        else:
-            fix = (
-                "no token was sent: if it is private, pass token=, set HF_TOKEN or log in "
-                "with `hf auth login`"
-            )
-        return RepoNotFoundError(
-            f"dataset repo {where.repo!r} not found at {where.endpoint} (HTTP {status}); {fix}"
-        )
-    if code == "GatedRepo":
-        return GatedRepoError(
-            f"dataset repo {where.repo!r} is gated (HTTP {status}): request access at "
-            f"{where.endpoint}/datasets/{where.repo} and pass a token that has it "
-            "(token=, HF_TOKEN or `hf auth login`)"
-        )
-    if code == "RevisionNotFound":
-        return RevisionNotFoundError(
-            f"revision {where.revision!r} not found in dataset repo {where.repo!r}: "
-            "use a branch, tag or commit sha that exists"
-        )
-    if code == "EntryNotFound" and missing is not None:
-        return EntryNotFoundError(f"{missing!r} not found in {where.label}")
-    message = response.headers.get("x-error-message", "")
-    tried = f" after {attempts} attempts" if attempts > 1 else ""
-    return ResolutionError(
-        f"{response.request.method} {url} failed with HTTP {status}{tried}"
-        + (f": {message}" if message else "")
-    )
-
-
 #: Which cap a body is read with: "api" (``MAX_API_BODY``), "text" (``MAX_TEXT_BODY``),
 #: or None: no body is read.
 _BodyKind: TypeAlias = "Literal['api', 'text'] | None"
@@ -935,40 +727,6 @@ def _body_cap(kind: str) -> BodyCap:
     if kind == "text":
         return BodyCap(MAX_TEXT_BODY, "MAX_TEXT_BODY")
     return BodyCap(MAX_API_BODY, "MAX_API_BODY")
-
-
-def _next_page(response: httpx2.Response, where: _Where, url: str) -> str | None:
-    """The next page of a tree listing (``Link: <...>; rel="next"``), on the endpoint's
-    origin only, or None."""
-    link = response.links.get("next")
-    if link is None:
-        return None
-    raw = link.get("url")
-    try:
-        if not raw:
-            raise httpx2.InvalidURL("empty")
-        target = response.url.join(raw)
-        same = origin(str(target)) == origin(where.endpoint)
-    except httpx2.InvalidURL as exc:
-        raise ResolutionError(
-            f"GET {url}: the tree listing of {where.label} announces a next page at "
-            f"{_short(raw)}, not a valid URL: {exc}"
-        ) from exc
-    if not same:
-        raise ResolutionError(
-            f"GET {url}: the tree listing of {where.label} announces a next page at "
-            f"{_short(raw)}, off {where.endpoint}: refusing to follow it"
-        )
-    return str(target)
-
-
-def _json_body(body: bytes, url: str) -> Any:
-    try:
-        return json.loads(body.decode("utf-8"))
-    except UnicodeDecodeError as exc:
-        raise ResolutionError(f"GET {url} answered something that is not UTF-8: {exc}") from exc
-    except (ValueError, RecursionError) as exc:
-        raise ResolutionError(f"GET {url} answered something that is not JSON: {exc}") from exc
 
 
 def _describe(src: Source) -> str:

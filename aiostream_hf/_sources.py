@@ -63,6 +63,7 @@ __all__ = [
     "BucketSource",
     "is_bucket_uri",
     "register_bucket_scheme",
+    "unregister_bucket_scheme",
     "Source",
     "UrlSource",
     "expand_braces",
@@ -146,6 +147,11 @@ def is_bucket_uri(value: str) -> bool:
     """Whether ``value`` is a ``SCHEME://...`` of a registered bucket store."""
     scheme, sep, _ = value.partition("://")
     return bool(sep) and scheme.lower() in _BUCKET_SCHEMES
+
+
+def unregister_bucket_scheme(scheme: str) -> None:
+    """Parse ``scheme://`` no more (its store was taken away)."""
+    _BUCKET_SCHEMES.pop(scheme, None)
 
 
 def register_bucket_scheme(scheme: str, check: Callable[[], None]) -> None:

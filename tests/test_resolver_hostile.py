@@ -38,9 +38,11 @@ from aiostream_hf import (
 )
 from aiostream_hf import _resolver as resolver_module
 from aiostream_hf._client import HubClient
+from aiostream_hf._hub_layout import _load_yaml
 from aiostream_hf._models import Manifest
 from aiostream_hf._options import StreamOptions
-from aiostream_hf._resolver import MAX_REDIRECTS, Resolver, _load_yaml
+from aiostream_hf._resolver import MAX_REDIRECTS, Resolver
+from aiostream_hf.stores import hub as hub_store
 from aiostream_hf.testing import Faults, HubServer, make_repo, make_repo_split_naming
 
 pytestmark = pytest.mark.anyio
@@ -189,7 +191,7 @@ async def test_tokens_do_not_share_in_memory_entries(tmp_path: Path) -> None:
 async def test_endless_tree_pages_stop_at_max_tree_pages(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(resolver_module, "MAX_TREE_PAGES", 5)
+    monkeypatch.setattr(hub_store, "MAX_TREE_PAGES", 5)
     hub = FakeHub()
 
     def endless(request: httpx2.Request) -> httpx2.Response:
@@ -215,7 +217,7 @@ async def test_an_empty_page_that_announces_another_is_refused(tmp_path: Path) -
 async def test_a_listing_over_max_tree_files_is_refused(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(resolver_module, "MAX_TREE_FILES", 3)
+    monkeypatch.setattr(hub_store, "MAX_TREE_FILES", 3)
     hub = FakeHub()
     hub.tree = lambda request: _page([_entry(f"{i}.parquet") for i in range(4)])
     with pytest.raises(ResolutionError, match=r"org/name.* more than 3 files \(MAX_TREE_FILES\)"):
@@ -225,7 +227,7 @@ async def test_a_listing_over_max_tree_files_is_refused(
 async def test_a_listing_over_max_tree_bytes_is_refused(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(resolver_module, "MAX_TREE_BYTES", 1000)
+    monkeypatch.setattr(hub_store, "MAX_TREE_BYTES", 1000)
     hub = FakeHub()
 
     def pages(request: httpx2.Request) -> httpx2.Response:
@@ -318,7 +320,7 @@ def test_billion_laughs_allocates_nothing_big() -> None:
     of the same text takes several GB, then MemoryError)."""
     script = (
         "import re, resource, sys\n"
-        "from aiostream_hf._resolver import _load_yaml\n"
+        "from aiostream_hf._hub_layout import _load_yaml\n"
         "from aiostream_hf import ResolutionError\n"
         "text = open('/proc/self/status').read()\n"
         "now = int(re.search(r'VmSize:\\s*(\\d+) kB', text).group(1)) * 1024\n"
@@ -710,7 +712,7 @@ async def _resolve_on(hub: HubServer, tmp_path: Path, repo: str, **options: Any)
 async def test_endless_pages_of_the_hub_server_stop(
     mode: str, message: str, hub_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(resolver_module, "MAX_TREE_PAGES", 5)
+    monkeypatch.setattr(hub_store, "MAX_TREE_PAGES", 5)
     faults = Faults(endless_pages=mode)
     async with HubServer(hub_root, faults=faults, tree_page_size=2) as hub:
         with pytest.raises(ResolutionError, match=rf"org/split-naming@main .*{message}"):

@@ -637,6 +637,7 @@ def test_all_is_the_public_surface() -> None:
         "has_glob",
         "is_bucket_uri",
         "register_bucket_scheme",
+        "unregister_bucket_scheme",
         "parse_sources",
     }
     assert all(hasattr(_sources, name) for name in _sources.__all__)

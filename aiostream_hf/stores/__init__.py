@@ -30,10 +30,10 @@ from .._client import RequestSigner
 from .._exceptions import FetchError
 from .._models import FileRef
 from .._options import StreamOptions
-from .._sources import BucketSource, register_bucket_scheme
+from .._sources import BucketSource, register_bucket_scheme, unregister_bucket_scheme
 from . import s3
 
-__all__ = ["BucketStore", "Lister", "for_file", "for_scheme", "register"]
+__all__ = ["BucketStore", "Lister", "for_file", "for_scheme", "register", "unregister"]
 
 T = TypeVar("T")
 
@@ -105,6 +105,12 @@ def register(store: BucketStore) -> None:
     """Serve ``store.scheme://`` sources with ``store``."""
     _STORES[store.scheme] = store
     register_bucket_scheme(store.scheme, store.check_available)
+
+
+def unregister(scheme: str) -> None:
+    """Stop serving ``scheme://`` sources (a test's store, once the test is done)."""
+    _STORES.pop(scheme, None)
+    unregister_bucket_scheme(scheme)
 
 
 def for_scheme(scheme: str) -> BucketStore:
