@@ -4,6 +4,10 @@ The contract is ../shared/hub-emulator.md: what the real ``huggingface_hub`` and
 ``datasets`` clients need from the Hub, plus faults and rate limits on demand.
 One app serves two sockets: the Hub (``http://localhost:P``) and the CDN
 (``http://127.0.0.1:Q``), told apart by the port a request came in on.
+
+Beside it: ``_hub_stats`` (the request counters, ``HubStats``), ``_hub_content``
+(a file's served bytes: variants, ranges, conditions) and ``_hub_http`` (the ASGI
+plumbing: the response record, JSON and error answers, reading a request).
 """
 
 from __future__ import annotations
@@ -16,18 +20,16 @@ import json
 import os
 import threading
 import time
-from collections.abc import Awaitable, Callable, Iterator, Mapping, MutableMapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from email.utils import formatdate
-from typing import Any, Literal
+from typing import Any
 from urllib.parse import parse_qs, quote, unquote, urlencode
 
 import yaml
 
 from ._faults import (
-    INVERT,
-    REPLACEMENT_FILL,
     ByteBucket,
     FaultDecision,
     FaultInjector,
@@ -36,72 +38,36 @@ from ._faults import (
     RateLimiter,
     RateLimits,
 )
+from ._hub_content import (
+    _CHUNK,
+    _CHUNK_UNPACED,
+    DeliberateCut,
+    _Content,
+    _if_match,
+    _mtime,
+    _parse_range,
+    _strong_match,
+)
+from ._hub_http import (
+    Receive,
+    Scope,
+    Send,
+    _bearer,
+    _chunks,
+    _client,
+    _client_gone,
+    _error,
+    _json,
+    _read_body,
+    _Response,
+    _split,
+)
+from ._hub_stats import HubStats, _Counters
 from ._repos import RefSnapshot, RepoFile, RepoStore
 
 __all__ = ["AccessRules", "DeliberateCut", "HubApp", "HubStats"]
 
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
-
-#: Bytes read from disk and sent per step: a paced body (a bandwidth cap) in small
-#: steps, so that no burst outruns its cap; any other in large ones, so that the
-#: server, on the client's cores in a benchmark, spends little CPU per byte (a 1 MiB
-#: step costs it ~40% less than 64 KiB does on the same reads).
-_CHUNK = 64 * 1024
-_CHUNK_UNPACED = 1024 * 1024
 _LFS_POINTER_SIZE = 134
-
-
-class DeliberateCut(Exception):
-    """Raised inside the app to close a connection mid-body (an injected fault)."""
-
-
-@dataclass(frozen=True)
-class HubStats:
-    """Counts since start (or the last reset), read with ``HubServer.stats()``."""
-
-    requests: int
-    by_bucket: Mapping[str, int]
-    by_endpoint: Mapping[str, int]
-    by_status: Mapping[int, int]
-    bytes_served: int
-    peak_concurrent: int
-    throttled: int
-    faults: Mapping[str, int]
-    connections: int = 0  # distinct client connections (peer address and port) seen
-    # requests to the CDN that carried an Authorization header (a token must never go there)
-    cdn_authorized: int = 0
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "requests": self.requests,
-            "by_bucket": dict(self.by_bucket),
-            "by_endpoint": dict(self.by_endpoint),
-            "by_status": {str(k): v for k, v in self.by_status.items()},
-            "bytes_served": self.bytes_served,
-            "peak_concurrent": self.peak_concurrent,
-            "throttled": self.throttled,
-            "faults": dict(self.faults),
-            "connections": self.connections,
-            "cdn_authorized": self.cdn_authorized,
-        }
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> HubStats:
-        return cls(
-            requests=data["requests"],
-            by_bucket=data["by_bucket"],
-            by_endpoint=data["by_endpoint"],
-            by_status={int(k): v for k, v in data["by_status"].items()},
-            bytes_served=data["bytes_served"],
-            peak_concurrent=data["peak_concurrent"],
-            throttled=data["throttled"],
-            faults=data["faults"],
-            connections=data.get("connections", 0),
-            cdn_authorized=data.get("cdn_authorized", 0),
-        )
 
 
 @dataclass(frozen=True)
@@ -120,102 +86,6 @@ class AccessRules:
         return self.can_see(repo_id, token) and (
             allowed is None or (token is not None and token in allowed)
         )
-
-
-class _Counters:
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.reset()
-
-    def reset(self) -> None:
-        self.requests = 0
-        self.by_bucket: dict[str, int] = {}
-        self.by_endpoint: dict[str, int] = {}
-        self.by_status: dict[int, int] = {}
-        self.bytes_served = 0
-        self.concurrent = 0
-        self.peak_concurrent = 0
-        self.throttled = 0
-        self.faults: dict[str, int] = {}
-        self.peers: set[tuple[str, int]] = set()  # bounded by the ports of one host
-        self.cdn_authorized = 0
-
-    def bump(self, table: dict[Any, int], key: Any, n: int = 1) -> None:
-        table[key] = table.get(key, 0) + n
-
-    def snapshot(self) -> HubStats:
-        with self.lock:
-            return HubStats(
-                self.requests,
-                dict(self.by_bucket),
-                dict(self.by_endpoint),
-                dict(self.by_status),
-                self.bytes_served,
-                self.peak_concurrent,
-                self.throttled,
-                dict(self.faults),
-                len(self.peers),
-                self.cdn_authorized,
-            )
-
-
-@dataclass(frozen=True)
-class _Content:
-    """The bytes served for a file: as on disk, or a hostile variant of them.
-
-    Read from disk at every request (nothing is cached but the hashes of the
-    variants), so a file changed on disk is served changed at once.
-    """
-
-    file: RepoFile
-    size: int
-    kind: Literal["disk", "replaced", "padded"] = "disk"
-
-    def chunks(self, start: int, length: int, step: int = _CHUNK) -> Iterator[bytes]:
-        end = min(start + length, self.size)
-        pos = start
-        disk_end = min(end, self.file.size)
-        if pos < disk_end:
-            with self.file.disk_path.open("rb") as fh:
-                fh.seek(pos)
-                while pos < disk_end:
-                    chunk = fh.read(min(step, disk_end - pos))
-                    if not chunk:
-                        raise DeliberateCut("file shrank on disk while it was served")
-                    pos += len(chunk)
-                    yield chunk.translate(INVERT) if self.kind == "replaced" else chunk
-        fill = REPLACEMENT_FILL if self.kind == "replaced" else b"\n"
-        while pos < end:
-            n = min(step, end - pos)
-            yield fill * n
-            pos += n
-
-
-@dataclass
-class _Response:
-    status: int
-    headers: dict[str, str] = field(default_factory=dict)
-    body: bytes = b""
-    content: _Content | None = None  # body from a file: content[start:start+length]
-    start: int = 0
-    length: int = 0
-
-    @property
-    def body_length(self) -> int:
-        return self.length if self.content is not None else len(self.body)
-
-
-def _json(status: int, data: Any, headers: Mapping[str, str] | None = None) -> _Response:
-    h = {"Content-Type": "application/json"}
-    h.update(headers or {})
-    return _Response(status, h, json.dumps(data).encode())
-
-
-def _error(status: int, code: str | None, message: str, **headers: str) -> _Response:
-    h = {"X-Error-Message": message, **headers}
-    if code:
-        h["X-Error-Code"] = code
-    return _json(status, {"error": message}, h)
 
 
 def _iso(ts: float) -> str:
@@ -237,27 +107,6 @@ def _card_data(snap: RefSnapshot) -> dict[str, Any] | None:
     except yaml.YAMLError:
         return None
     return data if isinstance(data, dict) else None
-
-
-def _parse_range(header: str, size: int) -> tuple[int, int] | None | str:
-    """(start, end exclusive), None to ignore the header, or "unsatisfiable"."""
-    unit, _, spec = header.partition("=")
-    if unit.strip().lower() != "bytes" or "," in spec:
-        return None  # multi-range or unknown unit: answer the whole file (RFC 9110 allows it)
-    first, _, last = spec.strip().partition("-")
-    try:
-        if first == "":
-            n = int(last)
-            if n <= 0:
-                return "unsatisfiable"
-            return (max(0, size - n), size) if size > 0 else "unsatisfiable"
-        start = int(first)
-        end = int(last) + 1 if last else size
-    except ValueError:
-        return None
-    if start >= size or end <= start:
-        return "unsatisfiable"
-    return start, min(end, size)
 
 
 class HubApp:
@@ -928,30 +777,6 @@ class HubApp:
         return self._serve("cdn", content, headers, {}, gone=f.sha256 != parts[4])
 
 
-def _if_match(header: str, strong: str | None) -> bool:
-    """If-Match by the strong comparison (RFC 9110): a weak tag on either side never matches."""
-    candidates = [c.strip() for c in header.split(",")]
-    if "*" in candidates:
-        return True
-    return strong is not None and any(
-        not c.startswith("W/") and c.strip('"') == strong for c in candidates
-    )
-
-
-def _strong_match(if_range: str, strong: str | None) -> bool:
-    """If-Range holds a strong ETag equal to the current one (a date never matches)."""
-    value = if_range.strip()
-    return strong is not None and not value.startswith("W/") and value.strip('"') == strong
-
-
-def _mtime(content: _Content) -> float:
-    try:
-        mtime = content.file.disk_path.stat().st_mtime
-    except OSError:
-        mtime = time.time()
-    return mtime + 1 if content.kind == "replaced" else mtime  # the other bytes are newer
-
-
 def _made_up_entry(path: str) -> dict[str, Any]:
     """A tree entry of a file that is not in the repo (hostile or endless listings)."""
     return {
@@ -960,36 +785,6 @@ def _made_up_entry(path: str) -> dict[str, Any]:
         "size": 1,
         "path": path,
     }
-
-
-def _split(chunk: bytes, piece: int) -> Iterator[bytes]:
-    if not piece:
-        yield chunk
-        return
-    for i in range(0, len(chunk), piece):
-        yield chunk[i : i + piece]
-
-
-async def _client_gone(receive: Receive, seconds: float) -> bool:
-    """Wait ``seconds``; True as soon as the client disconnects meanwhile."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + seconds
-    while (left := deadline - loop.time()) > 0:
-        try:
-            message = await asyncio.wait_for(receive(), left)
-        except asyncio.TimeoutError:
-            return False
-        if message["type"] == "http.disconnect":
-            return True
-    return False
-
-
-def _chunks(response: _Response, limit: int, step: int) -> Iterator[bytes]:
-    if response.content is None:
-        if limit > 0:
-            yield response.body[:limit]
-        return
-    yield from response.content.chunks(response.start, limit, step)
 
 
 def _split_revision(parts: Sequence[str]) -> tuple[str, list[str]]:
@@ -1001,32 +796,3 @@ def _split_revision(parts: Sequence[str]) -> tuple[str, list[str]]:
     else:
         rev, rest = first, list(parts[1:])
     return rev.removeprefix("refs/heads/"), rest
-
-
-def _bearer(headers: Mapping[str, str]) -> str | None:
-    value = headers.get("authorization", "")
-    if value.lower().startswith("bearer "):
-        return value[7:].strip() or None
-    return None
-
-
-def _client(scope: Scope) -> str:
-    client = scope.get("client")
-    return str(client[0]) if client else "anonymous"
-
-
-async def _read_body(receive: Receive) -> bytes:
-    chunks: list[bytes] = []
-    size = 0
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            break
-        chunk = message.get("body", b"")
-        size += len(chunk)
-        if size > 16 * 1024 * 1024:
-            raise ValueError("request body over 16 MiB")  # bounded: no API body is this large
-        chunks.append(chunk)
-        if not message.get("more_body", False):
-            break
-    return b"".join(chunks)
