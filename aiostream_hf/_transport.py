@@ -14,7 +14,8 @@ errors become the httpx2 errors the fetcher retries (``ReadTimeout``, ``ConnectE
 ``RemoteProtocolError``...). urllib3 follows no redirect and retries nothing itself.
 Cancellation is never held up by a blocked read: the thread is abandoned and the
 socket shut down under it, for a send (its connection tells ``_Handoff`` which socket
-it is) as for a body; an answer that comes all the same is closed, so no connection is
+it is, from the moment it is connected: a TLS handshake that never ends included) as
+for a body; an answer that comes all the same is closed, so no connection is
 left for the garbage collector. Every worker-thread call ends within ``_call_limit``
 (the read timeout bounds each socket read, not a head, 1xx run or trailer that never
 ends): past it, its socket is shut down and it is a ``ReadTimeout``.
@@ -146,6 +147,7 @@ class ThreadedTransport(httpx2.AsyncBaseTransport):
                 )
             finally:
                 _sending.handoff = None
+                handoff.done()
             whole = _read_redirect(answer)  # before deliver: a caller gone meanwhile closes it
             return handoff.deliver(answer), whole
 
@@ -204,6 +206,10 @@ class _Handoff:
         self._abandoned = False
         self._answer: urllib3.BaseHTTPResponse | None = None
         self._connection: urllib3.connection.HTTPConnection | None = None
+        # A duplicate of a new connection's socket, for as long as the send runs: its TLS
+        # handshake (urllib3's connect, before ``sending``) holds the socket inside the
+        # SSL socket being made, where ``abandon`` could not reach it otherwise.
+        self._twin: socket.socket | None = None
 
     def sending(self, connection: urllib3.connection.HTTPConnection) -> None:
         """On the worker thread: the request goes out on ``connection``; if the caller
@@ -213,6 +219,31 @@ class _Handoff:
                 self._connection = connection
                 return
         _shut_socket(connection)
+
+    def connected(self, sock: socket.socket) -> None:
+        """On the worker thread: a new connection's socket is connected (its TLS
+        handshake, if any, comes next, before ``sending``). A duplicate of it is kept
+        until ``done``, for ``abandon`` to shut it down (a shutdown acts on the socket,
+        not on one descriptor): a handshake that never ends is not waited for. If the
+        caller has left already, it is shut down now (the handshake fails at once)."""
+        try:
+            twin = sock.dup()
+        except OSError:
+            return
+        with self._lock:
+            if not self._abandoned:
+                self._twin = twin
+                return
+        _shut_raw(twin)
+        twin.close()
+
+    def done(self) -> None:
+        """On the worker thread, when the send has returned or raised: the duplicate of
+        its socket, if any, is closed (the socket itself stays with its connection)."""
+        with self._lock:
+            twin, self._twin = self._twin, None
+        if twin is not None:
+            twin.close()
 
     def deliver(self, answer: urllib3.BaseHTTPResponse) -> urllib3.BaseHTTPResponse:
         """On the worker thread: ``answer``, kept for the caller, or closed if it left."""
@@ -233,6 +264,10 @@ class _Handoff:
             self._abandoned = True
             answer, self._answer = self._answer, None
             connection, self._connection = self._connection, None
+            twin, self._twin = self._twin, None
+        if twin is not None:  # the socket of a new connection, TLS handshake or not
+            _shut_raw(twin)
+            twin.close()
         if answer is not None:
             answer.close()
         elif connection is not None:
@@ -431,12 +466,14 @@ def _error(exc: BaseException, request: httpx2.Request) -> httpx2.TransportError
     message = f"{type(exc).__name__}: {exc}"
     errors = urllib3.exceptions
     kind: type[httpx2.TransportError]
-    if isinstance(exc, errors.ConnectTimeoutError):
+    # NewConnectionError (refused, no DNS name...) derives from ConnectTimeoutError in
+    # urllib3 2: tested first, it is the ConnectError it is, not a timeout.
+    if isinstance(exc, errors.NewConnectionError | errors.SSLError | ssl.SSLError):
+        kind = httpx2.ConnectError
+    elif isinstance(exc, errors.ConnectTimeoutError):
         kind = httpx2.ConnectTimeout
     elif isinstance(exc, errors.ReadTimeoutError | TimeoutError):
         kind = httpx2.ReadTimeout
-    elif isinstance(exc, errors.NewConnectionError | errors.SSLError | ssl.SSLError):
-        kind = httpx2.ConnectError
     elif isinstance(exc, errors.ProtocolError | errors.DecodeError | http.client.HTTPException):
         kind = httpx2.RemoteProtocolError
     else:
@@ -458,8 +495,13 @@ def _shut_socket(connection: urllib3.connection.HTTPConnection) -> None:
     """Shut the socket of ``connection`` down: a read blocked on it returns at once."""
     sock = getattr(connection, "sock", None)
     if sock is not None:
-        with contextlib.suppress(OSError):
-            sock.shutdown(socket.SHUT_RDWR)
+        _shut_raw(sock)
+
+
+def _shut_raw(sock: socket.socket) -> None:
+    """Shut ``sock`` down (closed or detached meanwhile: nothing to do)."""
+    with contextlib.suppress(OSError):
+        sock.shutdown(socket.SHUT_RDWR)
 
 
 #: The send of the worker thread's current request (``_Tracked`` tells it its connection).
@@ -468,7 +510,16 @@ _sending = threading.local()
 
 class _Tracked:
     """A urllib3 connection that tells the send it carries (``_sending``) that it is the
-    one: the send's caller can then shut its socket down if it leaves."""
+    one, and its socket as soon as it is connected (before a TLS handshake, which
+    urllib3 runs before the request): the send's caller can then shut it down if it
+    leaves."""
+
+    def _new_conn(self) -> socket.socket:
+        sock: socket.socket = super()._new_conn()  # type: ignore[misc]
+        handoff: _Handoff | None = getattr(_sending, "handoff", None)
+        if handoff is not None:
+            handoff.connected(sock)
+        return sock
 
     def request(self, *args: Any, **kwargs: Any) -> Any:
         handoff: _Handoff | None = getattr(_sending, "handoff", None)

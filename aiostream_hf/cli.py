@@ -11,24 +11,35 @@ Every command that reads data takes ``--endpoint`` (default ``HF_ENDPOINT``, the
 https://huggingface.co) and ``--token`` (default ``HF_TOKEN``, then the login stored
 by ``hf auth login``); ``s3://`` sources are reached with the AWS variables and config
 files (``AWS_ENDPOINT_URL``, ``AWS_PROFILE``, ``AWS_ACCESS_KEY_ID``...), or unsigned with
-``--no-sign-request`` (a public bucket). Bad input ends with a one-line
-``Error: ...`` and exit code 1; Ctrl-C with one line on stderr and exit code 130.
+``--no-sign-request`` (a public bucket); ``--timeout`` and ``--retries`` set their
+patience. Bad input and network failures end with ``Error: ...`` (for a network
+failure, a second line with the way out) and exit code 1, never a traceback; the
+library's warnings come on stderr, one line each; Ctrl-C ends a command within a
+second, with one line on stderr and exit code 130.
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import json
+import logging
 import os
 import platform
+import re
+import signal
 import sys
+import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+import urllib.parse
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import anyio
 import click
+import httpx2
 
 from ._exceptions import AiostreamError
 
@@ -41,6 +52,7 @@ if TYPE_CHECKING:
 __all__ = ["main"]
 
 F = TypeVar("F", bound=Callable[..., Any])
+T = TypeVar("T")
 
 
 #: The exit code of a command stopped by Ctrl-C: 128 + SIGINT, as shells report it.
@@ -49,18 +61,138 @@ EXIT_INTERRUPTED = 130
 
 class _Group(click.Group):
     """Turns library errors into a one-line message and exit code 1, and Ctrl-C into a
-    one-line message and exit code 130 (click's own answer would be 1)."""
+    one-line message and exit code 130 (click's own answer would be 1); sends the
+    library's warnings to stderr, one line each, while a command runs."""
 
     def invoke(self, ctx: click.Context) -> object:
-        try:
+        if ctx.parent is not None:  # a subgroup (hub): the top group does all of it
             return super().invoke(ctx)
+        try:
+            with _library_warnings():
+                return super().invoke(ctx)
         except AiostreamError as exc:
-            raise click.ClickException(" ".join(str(exc).split())) from exc
+            raise click.ClickException(_one_line(exc)) from exc
         except KeyboardInterrupt:
-            # anyio.run (asyncio) cancels the command's task at the first SIGINT, lets
-            # its cleanup run, then raises KeyboardInterrupt here.
+            # _run cancels the command at the first SIGINT, lets its cleanup run, then
+            # raises KeyboardInterrupt here.
             click.echo("Interrupted (Ctrl-C).", err=True)
-            raise click.exceptions.Exit(EXIT_INTERRUPTED) from None
+            _exit_now(EXIT_INTERRUPTED)
+        except (click.ClickException, click.exceptions.Exit, click.Abort):
+            raise
+        except Exception as exc:
+            # Not how any expected failure ends (network failures are library errors):
+            # a bug. One line, unless AIOSTREAM_HF_TRACEBACK asks for the traceback.
+            if os.environ.get("AIOSTREAM_HF_TRACEBACK"):
+                raise
+            raise click.ClickException(
+                f"unexpected {type(exc).__name__}: {' '.join(str(exc).split())} "
+                "(a bug in aiostream-hf: please report it, with the traceback that "
+                "AIOSTREAM_HF_TRACEBACK=1 shows)"
+            ) from exc
+
+
+#: After Ctrl-C, how long the worker threads a cancelled request left behind get to end
+#: before the process exits without them.
+_THREAD_GRACE_S = 0.3
+
+
+def _exit_now(code: int) -> NoReturn:
+    """Exit with ``code`` within ``_THREAD_GRACE_S``. A request cancelled in a worker
+    thread has its socket shut down and ends at once, but a thread blocked where no
+    socket can be shut (a DNS lookup, a connect or TLS handshake under way) would hold
+    the interpreter's exit for up to the request's timeout: past the grace, the process
+    leaves without it (stdout and stderr flushed first)."""
+    deadline = time.monotonic() + _THREAD_GRACE_S
+    me = threading.current_thread()
+    for thread in threading.enumerate():
+        if thread is not me and not thread.daemon:
+            thread.join(max(0.0, deadline - time.monotonic()))
+    if any(t is not me and not t.daemon and t.is_alive() for t in threading.enumerate()):
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        os._exit(code)
+    raise click.exceptions.Exit(code)
+
+
+def _run(func: Callable[..., Awaitable[T]], *args: Any) -> T:
+    """``anyio.run(func, *args)`` with Ctrl-C as a cancellation of the command that wakes
+    its event loop at once; KeyboardInterrupt once the command has cleaned up.
+
+    asyncio's runner takes SIGINT with a plain signal handler, which runs only when the
+    main thread next runs Python code: a SIGINT that lands just before the loop blocks
+    in its selector (the main thread idle, every request in a worker thread) waits for
+    the loop's next event, a request's timeout (10.6 s at the default --timeout). The
+    loop's own signal handling writes the signal to its wakeup file descriptor, which
+    ends that wait.
+    """
+    return anyio.run(_interruptible, func, args)
+
+
+async def _interruptible(func: Callable[..., Awaitable[T]], args: tuple[Any, ...]) -> T:
+    import asyncio
+
+    loop = asyncio.get_running_loop()
+    interrupted = False
+    with anyio.CancelScope() as scope:
+
+        def on_sigint() -> None:
+            nonlocal interrupted
+            interrupted = True
+            scope.cancel()
+            # A second Ctrl-C, during the cleanup, raises KeyboardInterrupt at once.
+            loop.remove_signal_handler(signal.SIGINT)
+
+        # Not the main thread, or Windows: asyncio's runner takes SIGINT as before.
+        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+            loop.add_signal_handler(signal.SIGINT, on_sigint)
+        try:
+            result = await func(*args)
+        except BaseException:
+            if interrupted:
+                raise KeyboardInterrupt from None  # however the cleanup ended
+            raise
+        finally:
+            with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+                loop.remove_signal_handler(signal.SIGINT)
+    if interrupted or scope.cancelled_caught:
+        raise KeyboardInterrupt
+    return result
+
+
+def _one_line(exc: AiostreamError) -> str:
+    return " ".join(str(exc).split())
+
+
+class _WarningLines(logging.Handler):
+    """The library's warnings on stderr, one line each: ``aiostream-hf: WARNING: ...``
+    (the stderr of the moment, as click's own output)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            message = " ".join(record.getMessage().split())
+            click.echo(f"aiostream-hf: {record.levelname}: {message}", err=True)
+        except Exception:
+            self.handleError(record)
+
+
+@contextlib.contextmanager
+def _library_warnings() -> Iterator[None]:
+    """While a command runs, WARNINGs (and worse) of the ``aiostream_hf`` loggers reach
+    stderr as one line each, with no traceback; nothing of lower levels, and no other
+    logger is touched (httpx2's INFO lines stay off)."""
+    library = logging.getLogger("aiostream_hf")
+    handler = _WarningLines(logging.WARNING)
+    saved = library.level, library.propagate
+    library.addHandler(handler)
+    library.setLevel(logging.WARNING)
+    library.propagate = False
+    try:
+        yield
+    finally:
+        library.removeHandler(handler)
+        library.setLevel(saved[0])
+        library.propagate = saved[1]
 
 
 @click.group(cls=_Group)
@@ -69,32 +201,118 @@ def main() -> None:
     """Stream datasets from the Hugging Face Hub and HTTP object stores."""
 
 
+#: The CLI's patience, as huggingface_hub's own (HF_HUB_DOWNLOAD_TIMEOUT's 10 s, its
+#: http_backoff's 5 retries), shorter than a stream's defaults: an endpoint that accepts
+#: connections and never answers fails ``ls`` in about a minute, with a warning per retry.
+DEFAULT_TIMEOUT_S = 10.0
+DEFAULT_RETRIES = 5
+
+
 def _hub_options(command: F) -> F:
-    """--endpoint, --token and --no-sign-request, for every command that reads data."""
-    command = click.option(
+    """--endpoint, --token, --no-sign-request, --timeout and --retries, for every command
+    that reads data; a library error it ends with says how to get past it."""
+
+    @functools.wraps(command)
+    def run(**kwargs: Any) -> Any:
+        try:
+            return command(**kwargs)
+        except AiostreamError as exc:
+            raise click.ClickException(_explained(exc, kwargs)) from exc
+
+    wrapped: Any = run
+    wrapped = click.option(
+        "--retries",
+        type=click.IntRange(min=0),
+        default=DEFAULT_RETRIES,
+        show_default=True,
+        help="Retries of a request that fails (network errors, timeouts, 408/429/5xx).",
+    )(wrapped)
+    wrapped = click.option(
+        "--timeout",
+        type=click.FloatRange(min=0, min_open=True),
+        default=DEFAULT_TIMEOUT_S,
+        show_default=True,
+        metavar="SECONDS",
+        help="Seconds without an answer (or progress) before a request is retried.",
+    )(wrapped)
+    wrapped = click.option(
         "--no-sign-request",
         is_flag=True,
         help="s3:// sources: send requests unsigned (a public bucket); else the AWS "
         "credentials of the environment and config files sign them.",
-    )(command)
-    command = click.option(
+    )(wrapped)
+    wrapped = click.option(
         "--token",
         metavar="TOKEN",
         help="Hub token (default: HF_TOKEN, then the login stored by `hf auth login`).",
-    )(command)
-    command = click.option(
+    )(wrapped)
+    wrapped = click.option(
         "--endpoint",
         metavar="URL",
         help="Hub endpoint (default: HF_ENDPOINT, then https://huggingface.co).",
-    )(command)
-    return command
+    )(wrapped)
+    return wrapped  # type: ignore[no-any-return]
 
 
-def _options(no_sign_request: bool, **fields: Any) -> StreamOptions:
-    """The StreamOptions of a command: ``fields``, and s3_anonymous for --no-sign-request."""
+def _explained(exc: AiostreamError, params: Mapping[str, Any]) -> str:
+    """The one-line message of ``exc`` and, for a network failure or a failing server, a
+    second line: the way out (the endpoint or URL to check, more patience, later)."""
+    from ._exceptions import ResolutionError, RetriesExhaustedError, UnreachableError
+
+    message = _one_line(exc).replace("pass endpoint=", "pass --endpoint")
+    chain = list(_causes(exc))
+    network = any(isinstance(e, httpx2.TransportError | ConnectionError) for e in chain)
+    gave_up = isinstance(exc, RetriesExhaustedError) or (
+        type(exc) is ResolutionError and re.search(r"after \d+ attempts", message) is not None
+    )
+    if isinstance(exc, UnreachableError) or not (network or gave_up):
+        return message  # not a network failure, or one whose message says it all
+    retries = f"--retries (now {params.get('retries')})"
+    status = getattr(exc, "status", None)
+    answered = re.search(r"\bHTTP (5\d\d)\b", message)
+    code = status if isinstance(status, int) and status >= 500 else None
+    if code is None and answered is not None:
+        code = int(answered.group(1))
+    if not network and code is not None:
+        return (
+            f"{message}\nThe server is failing (HTTP {code}), not the request: try again "
+            f"later, or give it longer with {retries}."
+        )
+    from ._resolver import DEFAULT_ENDPOINT
+
+    endpoint = params.get("endpoint") or os.environ.get("HF_ENDPOINT") or DEFAULT_ENDPOINT
+    host = urllib.parse.urlsplit(endpoint).netloc
+    if host and host in message:
+        hint = f"Is the endpoint right ({endpoint})? Set HF_ENDPOINT or pass --endpoint."
+    else:
+        hint = "Is the URL right, and its server up?"
+    timed_out = any(isinstance(e, httpx2.TimeoutException | TimeoutError) for e in chain)
+    if timed_out or re.search(r"\bwithin\b|timed out", message):
+        hint += (
+            f" If it is only slow: --timeout (now {params.get('timeout'):g} s) and {retries} "
+            "give it longer."
+        )
+    return f"{message}\n{hint}"
+
+
+def _causes(exc: BaseException) -> Iterator[BaseException]:
+    """``exc`` and the errors it was raised from (or during), without looping."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        yield current
+        current = current.__cause__ or current.__context__
+
+
+def _options(no_sign_request: bool, timeout: float, retries: int, **fields: Any) -> StreamOptions:
+    """The StreamOptions of a command: ``fields``, the CLI's patience (--timeout,
+    --retries), and s3_anonymous for --no-sign-request."""
     from ._options import StreamOptions
 
-    return StreamOptions(**fields, s3_anonymous=no_sign_request)
+    return StreamOptions(
+        **fields, timeout=timeout, max_retries=retries, s3_anonymous=no_sign_request
+    )
 
 
 def _split_columns(values: Sequence[str]) -> list[str] | None:
@@ -126,6 +344,8 @@ def ls(
     endpoint: str | None,
     token: str | None,
     no_sign_request: bool,
+    timeout: float,
+    retries: int,
 ) -> None:
     """List the files, configs and splits of SOURCE, with their sizes.
 
@@ -137,7 +357,9 @@ def ls(
     """
     from ._demo import human_bytes, render_table
 
-    listing = anyio.run(_ls, source, config, split, endpoint, token, _options(no_sign_request))
+    listing = _run(
+        _ls, source, config, split, endpoint, token, _options(no_sign_request, timeout, retries)
+    )
     manifests, meta, shards = listing.manifests, listing.lerobot, listing.webdataset
     first = manifests[0] if manifests else None
     if first is not None and first.repo_id is not None:
@@ -354,6 +576,8 @@ def head(
     endpoint: str | None,
     token: str | None,
     no_sign_request: bool,
+    timeout: float,
+    retries: int,
 ) -> None:
     """Print the first N samples of SOURCE; binary fields show as <bytes: 1234 B>.
 
@@ -361,8 +585,8 @@ def head(
     value, decoded as webdataset's default decoders do. Only what those samples need
     is read (for Parquet, the first row group of the columns asked for).
     """
-    options = _options(no_sign_request)
-    samples = anyio.run(
+    options = _options(no_sign_request, timeout, retries)
+    samples = _run(
         _head, source, n, _split_columns(columns), split, config, endpoint, token, options
     )
     if not samples:
@@ -475,6 +699,8 @@ def bench(
     endpoint: str | None,
     token: str | None,
     no_sign_request: bool,
+    timeout: float,
+    retries: int,
 ) -> None:
     """Stream SOURCE to the end (or --limit) and report samples/s, MB/s and requests.
 
@@ -483,7 +709,7 @@ def bench(
     /resolve/ URL, once per file) and "cdn" (the range reads).
     """
     limits = {} if max_concurrency is None else {"max_concurrency": max_concurrency}
-    options = _options(no_sign_request, **limits)
+    options = _options(no_sign_request, timeout, retries, **limits)
     kwargs: dict[str, Any] = {
         "split": split,
         "config": config,
@@ -494,7 +720,7 @@ def bench(
         "endpoint": endpoint,
         "token": token,
     }
-    result = anyio.run(_bench, source, kwargs, limit, progress)
+    result = _run(_bench, source, kwargs, limit, progress)
     if as_json:
         click.echo(json.dumps(result, indent=2))
         return
@@ -679,6 +905,8 @@ def frames(
     endpoint: str | None,
     token: str | None,
     no_sign_request: bool,
+    timeout: float,
+    retries: int,
 ) -> None:
     """Sample the frames of a video at given times and write them as a contact sheet.
 
@@ -694,7 +922,9 @@ def frames(
         check_source(url)  # a URL that cannot name one video is a usage error, at once
     except SourceError as exc:
         raise click.BadParameter(str(exc), param_hint="URL") from exc
-    result = anyio.run(_frames, url, at, tolerance, endpoint, token, no_sign_request)
+    # Frames far apart are read as separate concurrent ranges, not one span with holes.
+    options = _options(no_sign_request, timeout, retries, coalesce_gap=64 * 1024)
+    result = _run(_frames, url, at, tolerance, endpoint, token, options)
     write_png(out, contact_sheet(result["data"], columns=cols))
     click.echo(
         f"wrote {out}: {len(result['pts'])} frames of {result['width']}x{result['height']} "
@@ -711,13 +941,11 @@ async def _frames(
     tolerance: float | None,
     endpoint: str | None,
     token: str | None,
-    no_sign_request: bool,
+    options: StreamOptions,
 ) -> dict[str, Any]:
     from . import video
     from ._engine import open_readers
 
-    # Frames far apart are read as separate concurrent ranges, not one span with holes.
-    options = _options(no_sign_request, coalesce_gap=64 * 1024)
     # The readers every entry point uses: an hf:// file is resolved like any source (its
     # commit pinned, its path checked against the repo's listing), with the same access.
     async with open_readers(options, token=token, endpoint=endpoint) as readers:
