@@ -9,6 +9,7 @@ blocked. Commands run in subprocesses (a traceback and an exit are what a user s
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import select
 import signal
@@ -26,6 +27,7 @@ import pytest
 from click.testing import CliRunner
 
 import aiostream_hf.cli as cli
+from aiostream_hf import _cli_run
 from aiostream_hf._transport import ThreadedTransport
 from aiostream_hf.testing import HubServer, make_repo, make_repo_split_naming
 
@@ -417,9 +419,9 @@ def test_library_warnings_are_one_line_each_on_stderr(
     assert "not usable" in warnings[0]
     assert "org/split-naming" in result.stdout
     # The command's logging ends with it: the logger is as it was.
-    library = cli.logging.getLogger("aiostream_hf")
+    library = logging.getLogger("aiostream_hf")
     assert library.propagate
-    assert not any(isinstance(h, cli._WarningLines) for h in library.handlers)
+    assert not any(isinstance(h, _cli_run._WarningLines) for h in library.handlers)
 
 
 def test_a_rate_limit_pause_is_a_warning_line() -> None:
