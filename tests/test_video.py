@@ -39,7 +39,7 @@ import av
 import numpy as np
 import pytest
 
-from aiostream_hf import _mp4, video
+from aiostream_hf import _mp4, _video_decode, _video_index, video
 from aiostream_hf._exceptions import (
     ClosedResourceError,
     DecodeError,
@@ -384,7 +384,7 @@ async def test_a_decoder_is_flushed_and_used_again_for_a_later_run(
     """Two decode threads, four or five runs (an open GOP's leading frames join two):
     each thread flushes its decoder after a run and starts its next run with it, and
     the frames are still PyAV's. (LeRobot's AV1 items are checked the same way.)"""
-    monkeypatch.setattr(video, "usable_cpus", lambda: 2)
+    monkeypatch.setattr(_video_decode, "usable_cpus", lambda: 2)
     oracle = videos[name]
     keys = [i for i, (_, _, _, is_key) in enumerate(oracle.packets) if is_key]
     assert len(keys) >= 5
@@ -424,7 +424,7 @@ async def test_fetches_only_the_index_then_the_frames(
     videos: Videos, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Open reads the head and the tail in one round trip; a frame is then one more."""
-    monkeypatch.setattr(video, "HEAD_READ_SIZE", 4096)  # the test files are small
+    monkeypatch.setattr(_video_index, "HEAD_READ_SIZE", 4096)  # the test files are small
     oracle = videos["h264-gop250"]
     size = oracle.path.stat().st_size
     tail = video._tail_size(size)
@@ -442,7 +442,7 @@ async def test_fetches_only_the_index_then_the_frames(
         assert source.since(mark)[0] == 1
         assert reader.statistics().frame_bytes <= 1.5 * oracle.reference_bytes([oracle.times[100]])
 
-    monkeypatch.setattr(video, "_VIDEO_COALESCE_GAP", 0)  # head and tail apart here too
+    monkeypatch.setattr(_video_index, "_VIDEO_COALESCE_GAP", 0)  # head and tail apart here too
     path = videos["h264-gop25-faststart"].path
     source = LocalSource(path)
     async with video.open(path, fetcher=source) as reader:
@@ -451,8 +451,8 @@ async def test_fetches_only_the_index_then_the_frames(
 
 
 async def test_a_moov_larger_than_the_tail(videos: Videos, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(video, "HEAD_READ_SIZE", 1024)
-    monkeypatch.setattr(video, "TAIL_READ_SIZE", 1024)
+    monkeypatch.setattr(_video_index, "HEAD_READ_SIZE", 1024)
+    monkeypatch.setattr(_video_index, "TAIL_READ_SIZE", 1024)
     oracle = videos["h264-gop250"]
     source = LocalSource(oracle.path)
     async with video.open(oracle.path, fetcher=source) as reader:
@@ -480,9 +480,10 @@ async def test_sequential_calls_continue_the_decoder(videos: Videos) -> None:
 @pytest.mark.parametrize("head", [256, 1024])
 async def test_small_head_reads(videos: Videos, monkeypatch: pytest.MonkeyPatch, head: int) -> None:
     """A moov larger than the first read, at the end or at the start, is read in pieces."""
-    monkeypatch.setattr(video, "HEAD_READ_SIZE", head)
-    monkeypatch.setattr(video, "TAIL_READ_SIZE", head)
-    monkeypatch.setattr(video, "_VIDEO_COALESCE_GAP", 0)
+    monkeypatch.setattr(_video_index, "HEAD_READ_SIZE", head)
+    monkeypatch.setattr(_video_index, "TAIL_READ_SIZE", head)
+    monkeypatch.setattr(_video_index, "_VIDEO_COALESCE_GAP", 0)  # head and tail apart
+    monkeypatch.setattr(_video_decode, "_VIDEO_COALESCE_GAP", 0)  # and the frames' GOPs
     for name in ["h264-gop25-moov-end", "h264-gop25-faststart"]:
         oracle = videos[name]
         source = LocalSource(oracle.path)
@@ -498,7 +499,7 @@ async def test_unknown_size_moov_at_the_end_is_read_from_the_tail_alone(
 ) -> None:
     """The tail's answer tells the size, and it holds a ``moov`` that ends the file: the
     index needs no head read, one round trip in all (not a byte of the head fetched)."""
-    monkeypatch.setattr(video, "TAIL_READ_SIZE", 16 * 1024)
+    monkeypatch.setattr(_video_index, "TAIL_READ_SIZE", 16 * 1024)
     oracle = videos["h264-gop250"]  # larger than the tail read, which holds moov
     source = LocalSource(oracle.path)
     assert len(source.data) > 4 * 16 * 1024
@@ -519,8 +520,8 @@ async def test_unknown_size_moov_elsewhere_reads_the_head_next(
     """A faststart file (``moov`` first) longer than the tail read: the tail holds no
     ``moov`` that ends the file, so the head is read in a second round trip (both at
     once would fetch a small file twice)."""
-    monkeypatch.setattr(video, "TAIL_READ_SIZE", 4 * 1024)
-    monkeypatch.setattr(video, "HEAD_READ_SIZE", 4 * 1024)
+    monkeypatch.setattr(_video_index, "TAIL_READ_SIZE", 4 * 1024)
+    monkeypatch.setattr(_video_index, "HEAD_READ_SIZE", 4 * 1024)
     oracle = videos["h264-gop25-faststart"]
     source = LocalSource(oracle.path)
     assert len(source.data) > 4 * 4 * 1024
@@ -579,7 +580,7 @@ async def test_a_tail_that_only_looks_like_moov_falls_back_to_the_head(
     free += struct.pack(">I", decoy_size) + decoy_rest
     path = tmp_path / "decoy.mp4"
     path.write_bytes(data[:moov_at] + free + data[moov_at:])
-    monkeypatch.setattr(video, "TAIL_READ_SIZE", len(data) - moov_at + 4096)
+    monkeypatch.setattr(_video_index, "TAIL_READ_SIZE", len(data) - moov_at + 4096)
     source = LocalSource(path)
     file = FileRef(url="https://example.test/decoy.mp4", path="decoy.mp4")
     found = _mp4.moov_in_tail(source.data[1000:], 1000, len(source.data))
@@ -598,7 +599,7 @@ async def test_unknown_size_of_a_file_shorter_than_the_tail_read_is_fetched_once
 ) -> None:
     """The tail read holds the whole file: no head read, no byte fetched twice, and the
     frames need no request (whether or not the file is shorter than the head read)."""
-    monkeypatch.setattr(video, "HEAD_READ_SIZE", head)
+    monkeypatch.setattr(_video_index, "HEAD_READ_SIZE", head)
     oracle = videos["h264-gop25-moov-end"]
     source = LocalSource(oracle.path)
     assert len(source.data) < video.TAIL_READ_SIZE
@@ -617,8 +618,8 @@ async def test_runs_decode_as_their_bytes_arrive(
 ) -> None:
     """The GOPs of one call decode in parallel, each as soon as its bytes are in: the last
     GOP's bytes arrive only after the first GOP has decoded."""
-    monkeypatch.setattr(video, "_VIDEO_COALESCE_GAP", 0)  # one read per GOP
-    monkeypatch.setattr(video, "usable_cpus", lambda: 2)  # one thread waits, one decodes
+    monkeypatch.setattr(_video_decode, "_VIDEO_COALESCE_GAP", 0)  # one read per GOP
+    monkeypatch.setattr(_video_decode, "usable_cpus", lambda: 2)  # one thread waits, one decodes
     oracle = videos["h264-gop25-moov-end"]
     decoded = anyio.Event()
     decode_run = video._Indexed.decode_run
@@ -740,7 +741,7 @@ async def test_the_longest_run_is_requested_first(
 ) -> None:
     """Requests go out longest run first: a server answers roughly in order, and the
     decode threads start with the longest runs."""
-    monkeypatch.setattr(video, "_VIDEO_COALESCE_GAP", 0)  # one read per GOP
+    monkeypatch.setattr(_video_decode, "_VIDEO_COALESCE_GAP", 0)  # one read per GOP
     oracle = videos["h264-gop25-moov-end"]
     times = [oracle.times[2], oracle.times[60], oracle.times[110]]  # runs of 3, 11, 11
     source = StreamingSource(oracle.path)
@@ -778,10 +779,10 @@ async def test_nearby_runs_share_a_streamed_read_only_while_it_is_short(
 
     reads, _ = await streamed()
     span = reads[-1][1] - reads[0][0]
-    monkeypatch.setattr(video, "_VIDEO_COALESCE_GAP", span + 1)
+    monkeypatch.setattr(_video_decode, "_VIDEO_COALESCE_GAP", span + 1)
     reads, _ = await streamed()
     assert len(reads) == 1  # every run starts within the gap: one read
-    monkeypatch.setattr(video, "_VIDEO_COALESCE_GAP", span // 2)  # the last run is past it
+    monkeypatch.setattr(_video_decode, "_VIDEO_COALESCE_GAP", span // 2)  # the last run is past it
     reads, _ = await streamed()
     assert 2 <= len(reads) <= 3
     assert reads[-1][0] - reads[0][0] >= span // 2
@@ -1429,8 +1430,8 @@ async def test_unknown_size_over_the_hub_reads_the_index_in_one_round_of_parts(
     one resolver request, whose redirect tells the size, then the tail of a moov-at-end
     file in concurrent parts of ``_INDEX_PART`` (no head read, no byte twice), then the
     frames' requests; PyAV's pixels."""
-    monkeypatch.setattr(video, "TAIL_READ_SIZE", 16 * 1024)
-    monkeypatch.setattr(video, "_INDEX_PART", 4 * 1024)
+    monkeypatch.setattr(_video_index, "TAIL_READ_SIZE", 16 * 1024)
+    monkeypatch.setattr(_video_index, "_INDEX_PART", 4 * 1024)
     oracle = videos["h264-gop250"]
     size = oracle.path.stat().st_size
     assert size > 4 * 16 * 1024
