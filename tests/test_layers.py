@@ -26,12 +26,11 @@ CONCURRENCY = (
 )
 
 
-def _imports(path: Path) -> set[str]:
-    """Every module ``path`` imports, anywhere in it (in functions too), by its full name;
-    relative imports resolved against ``aiostream_hf.formats``."""
-    package = "aiostream_hf.formats"
+def _names(nodes: list[ast.AST], package: str) -> set[str]:
+    """The full names the import statements among ``nodes`` bring in, relative imports
+    resolved against ``package`` (``from . import x`` gives the package and ``package.x``)."""
     names: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    for node in nodes:
         if isinstance(node, ast.Import):
             names.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -42,6 +41,12 @@ def _imports(path: Path) -> set[str]:
             names.add(base)
             names.update(f"{base}.{alias.name}" for alias in node.names)
     return names
+
+
+def _imports(path: Path) -> set[str]:
+    """Every module ``path`` imports, anywhere in it (in functions too), by its full name;
+    relative imports resolved against ``aiostream_hf.formats``."""
+    return _names(list(ast.walk(ast.parse(path.read_text(), str(path)))), "aiostream_hf.formats")
 
 
 def _concurrency(names: set[str]) -> set[str]:
@@ -114,17 +119,7 @@ def _module_imports(name: str, path: Path, *, top_level_only: bool) -> set[str]:
         if isinstance(node, ast.If) and getattr(node.test, "id", None) == "TYPE_CHECKING":
             node.body = []
     nodes: list[ast.AST] = list(tree.body) if top_level_only else list(ast.walk(tree))
-    names: set[str] = set()
-    for node in nodes:
-        if isinstance(node, ast.Import):
-            names.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                parent = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
-                base = f"{parent}.{base}" if base else parent
-            names.add(base)
-            names.update(f"{base}.{alias.name}" for alias in node.names)
+    names = _names(nodes, package)
     modules = _library_modules()
     return {n for n in names if n in modules and n != name}
 
