@@ -46,7 +46,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from aiostream_hf import FileRef, StreamOptions, lerobot
+from aiostream_hf import FileRef, StreamOptions, _lerobot_meta, lerobot
 from aiostream_hf import video as video_module
 from aiostream_hf._exceptions import (
     ClosedResourceError,
@@ -1087,8 +1087,8 @@ async def test_a_table_that_decodes_past_its_bound_is_refused_before_decoding(
     widths) passes max(_MAX_TABLE_BYTES, _MAX_TABLE_EXPANSION x its file) is refused
     before it is decoded (a few-byte RLE run of 2**30 rows took gigabytes). Here the
     bound is lowered under the test data's own tables."""
-    monkeypatch.setattr(lerobot, "_MAX_TABLE_BYTES", 64)
-    monkeypatch.setattr(lerobot, "_MAX_TABLE_EXPANSION", 0)
+    monkeypatch.setattr(_lerobot_meta, "_MAX_TABLE_BYTES", 64)
+    monkeypatch.setattr(_lerobot_meta, "_MAX_TABLE_EXPANSION", 0)
     s = lerobot.stream(datasets["v3-av1"].path, options=options)
     with pytest.raises(DecodeError, match=r"decodes to at least [\d,]+ bytes .* over 64 for a"):
         await collect(s)
@@ -1116,8 +1116,8 @@ async def test_a_table_whose_list_pages_announce_past_its_bound_is_refused_befor
         lists[path] = sum(least_list_bytes(footer, p, {(0, len(data)): data}) for p in plans)
     bound = max(flat.values())
     assert any(flat[p] + lists[p] > bound for p in flat if "data" in p.parts)
-    monkeypatch.setattr(lerobot, "_MAX_TABLE_BYTES", bound)
-    monkeypatch.setattr(lerobot, "_MAX_TABLE_EXPANSION", 0)
+    monkeypatch.setattr(_lerobot_meta, "_MAX_TABLE_BYTES", bound)
+    monkeypatch.setattr(_lerobot_meta, "_MAX_TABLE_EXPANSION", 0)
     s = lerobot.stream(datasets["v3-av1"].path, options=options)
     with pytest.raises(
         DecodeError,
