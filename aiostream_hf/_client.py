@@ -422,25 +422,23 @@ class HubClient:
                 status = outcome.response.status_code
                 if not retryable_status(status) or attempts > o.max_retries:
                     return Answer(outcome.response, outcome.body, attempts)
-                if status == 429 and host_key(str(outcome.response.url)) == host:
-                    delay = 0.0  # the host is paused: the gate is the wait
-                else:
-                    delay = self.retry_delay(
-                        attempts,
-                        retry_after(outcome.response.headers.get("retry-after")),
-                        base=o.backoff_base,
-                        cap=o.backoff_max,
-                        most=o.max_rate_limit_wait,
-                    )
-                if status != 429:  # a 429's wait is the host's pause, logged with it
-                    self.note_retry(url, f"HTTP {status}", attempts, o.max_retries, delay)
+                delay = self.retry_wait(
+                    url,
+                    f"HTTP {status}",
+                    attempts,
+                    o,
+                    server_delay=retry_after(outcome.response.headers.get("retry-after")),
+                    status=status,
+                    paused=status == 429 and host_key(str(outcome.response.url)) == host,
+                )
             else:
                 if attempts > o.max_retries:
                     raise error(
                         f"{method} {url} failed after {attempts} attempts: {outcome.reason}"
                     ) from outcome.error
-                delay = outcome.delay or self.backoff(attempts, o.backoff_base, o.backoff_max)
-                self.note_retry(url, outcome.reason, attempts, o.max_retries, delay)
+                delay = self.retry_wait(
+                    url, outcome.reason, attempts, o, server_delay=outcome.delay or None
+                )
             if delay > 0:
                 await anyio.sleep(delay)
 
@@ -817,6 +815,37 @@ class HubClient:
             delay,
             more,
         )
+
+    def retry_wait(
+        self,
+        url: str,
+        why: str,
+        attempt: int,
+        options: StreamOptions,
+        *,
+        server_delay: float | None = None,
+        status: int | None = None,
+        paused: bool = False,
+    ) -> float:
+        """The one retry policy's wait before retry number ``attempt`` of a request to
+        ``url`` that failed (``why``), for the resolver's requests and the fetcher's reads
+        alike: none when the host is ``paused`` (a 429: the host's gate is the wait),
+        else the server's ``Retry-After`` (``server_delay``) within bounds, else the
+        jittered backoff. Logged (``note_retry``), except a 429's: the host's pause is
+        logged with it (``note_response``)."""
+        if paused:
+            return 0.0
+        o = options
+        delay = self.retry_delay(
+            attempt,
+            server_delay,
+            base=o.backoff_base,
+            cap=o.backoff_max,
+            most=o.max_rate_limit_wait,
+        )
+        if status != 429:
+            self.note_retry(url, why, attempt, o.max_retries, delay)
+        return delay
 
     def backoff(self, failures: int, base: float, cap: float) -> float:
         """Jittered exponential backoff before retry number ``failures``."""

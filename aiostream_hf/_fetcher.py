@@ -556,16 +556,6 @@ class RangeFetcher:
             backoff_max=o.backoff_max,
         )
 
-    def _retry_delay(self, failures: int, server_delay: float | None) -> float:
-        o = self.options
-        return self._hub.retry_delay(
-            failures,
-            server_delay,
-            base=o.backoff_base,
-            cap=o.backoff_max,
-            most=o.max_rate_limit_wait,
-        )
-
     # -- requests --------------------------------------------------------------------------
 
     async def _signer(self, file: FileRef) -> RequestSigner | None:
@@ -619,6 +609,12 @@ class RangeFetcher:
         why = pinned.differs(seen)
         if why is not None:
             raise transfer._changed(why)
+
+    def _resumable(self, transfer: _Transfer) -> bool:
+        """Whether a cut answer for ``transfer`` may be resumed: its pinned version has a
+        validator, so a resume's bytes are proved to be of the same file."""
+        pinned = self._versions.get((transfer.file.url, transfer.direct))
+        return pinned is not None and pinned.validated
 
     def _is_hub(self, url: str) -> bool:
         return origin(url) == self._hub_origin

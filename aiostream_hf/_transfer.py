@@ -14,11 +14,17 @@ a transfer sends the requests, follows redirects, judges each answer and resumes
   read re-resolves once.
 - Retries. 408, 429, 5xx and network errors (refused connections, timeouts,
   bodies cut mid-way) are retried with jittered exponential backoff, up to
-  ``max_retries`` failures in a row without progress. ``Retry-After`` and
+  ``max_retries`` failures in a row without progress (an answer that brings fewer
+  than ``MIN_PROGRESS_BYTES`` before it breaks is no progress), waiting as the
+  client's one policy says (``HubClient.retry_wait``). ``Retry-After`` and
   ``RateLimit: "<bucket>";r=<remaining>;t=<seconds>`` are honoured. A 429 (or
   ``r=0``) pauses the whole host; when the pause ends one request goes first
   and its ``RateLimit`` header says how many may follow. A body cut mid-way
-  resumes from the last byte received, with ``If-Range``.
+  resumes from the last byte received, with ``If-Range``; from a server that names
+  no version (no ETag, no Last-Modified) it is not resumed (nothing would prove the
+  rest is of the same file): the read fails, saying so.
+- Redirects: the client's rule (``redirect_target``: an absolute http(s) URL) and its
+  bound (``MAX_REDIRECTS``); each hop is sent by this loop, which caches the route.
 - Integrity. Every 206 must be the range asked for (``Content-Range`` and
   length). A 200 to a range request is used (sliced) only when the whole file
   is at most twice the bytes asked for.
@@ -49,7 +55,8 @@ import pyarrow as pa
 
 from . import stores
 from ._access import origin
-from ._client import Route
+from ._answers import redirect_target
+from ._client import MAX_REDIRECTS, Route
 from ._exceptions import FetchError, FileChangedError, RangeMismatchError, RetriesExhaustedError
 from ._models import FileRef
 from ._retry import retry_after, retryable_status
@@ -61,7 +68,10 @@ if TYPE_CHECKING:
 
 _REDIRECTS = frozenset({301, 302, 303, 307, 308})
 _CDN_DENIED = frozenset({401, 403, 410})
-_MAX_HOPS = 10
+# An answer must bring this many bytes (or the rest of the span) to count as progress:
+# a server that cuts every body after a byte or two runs out of retries like one that
+# fails outright, instead of resuming forever (each resume a request).
+MIN_PROGRESS_BYTES = 64 * 1024
 # Re-resolve a cached CDN URL this many seconds before its ``expires=``.
 _EXPIRY_MARGIN_S = 1.0
 _RETRYABLE_ERRORS = (httpx2.TimeoutException, httpx2.NetworkError, httpx2.RemoteProtocolError)
@@ -122,7 +132,10 @@ class _Transfer:
         self.kind = kind
         self.chunk_size = chunk_size
         self.total = file.size
-        self.failures = 0  # in a row, without progress
+        self.failures = 0  # in a row, without progress (MIN_PROGRESS_BYTES per answer)
+        self.answer_bytes = 0  # the bytes the open answer brought so far
+        self.received = False  # a byte of the span came (a cut must resume, not restart)
+        self.direct = True  # the bytes come from the file's own URL (not a redirect's)
         self.last_status: int | None = None
         self.last_url = file.url
         self.leader = False
@@ -309,8 +322,11 @@ class _Transfer:
                     )
                 chunk = chunk[: self.end - self.pos]
             self.pos += len(chunk)
-            self.failures = 0  # progress: failures count again from zero
-            self.reresolved = False
+            self.received = True
+            self.answer_bytes += len(chunk)
+            if self.answer_bytes >= MIN_PROGRESS_BYTES:
+                self.failures = 0  # progress: failures count again from zero
+                self.reresolved = False
             return chunk
 
     def _note_wait(self, seconds: float, n: int) -> None:
@@ -331,6 +347,16 @@ class _Transfer:
 
     async def _body_failed(self, exc: BaseException | None) -> None:
         """A body ended early or broke: resume from ``pos`` (a retry), or give up."""
+        if self.received and not self.fetcher._resumable(self):
+            raise FetchError(
+                f"{self.file.url}: the answer from {_display(self.last_url)} was cut at byte "
+                f"{self.pos}, and the server names no version of the file (no ETag, no "
+                "Last-Modified): the rest cannot be proved to come from the same file, so "
+                "it is not resumed. Serve the file with an ETag or Last-Modified",
+                url=self.file.url,
+                status=self.last_status,
+                attempts=self.failures + 1,
+            ) from exc
         if self.opened_at is not None and self.pos is not None and self.pos > self.opened_at:
             self.fetcher._resumes += 1
         await self._failed(_Retry(None, None, exc))
@@ -356,15 +382,15 @@ class _Transfer:
                 attempts=self.failures,
             ) from retry.error
         self.fetcher._retries += 1
-        delay = self.fetcher._retry_delay(self.failures, retry.delay) if retry.sleep else 0.0
-        if retry.status != 429:  # a 429's wait is the host's pause, logged with it
-            self.fetcher.client.note_retry(
-                self.last_url,
-                _failure(retry),
-                self.failures,
-                self.fetcher.options.max_retries,
-                delay,
-            )
+        delay = self.fetcher.client.retry_wait(
+            self.last_url,
+            _failure(retry),
+            self.failures,
+            self.fetcher.options,
+            server_delay=retry.delay,
+            status=retry.status,
+            paused=not retry.sleep,
+        )
         if delay > 0:
             await anyio.sleep(delay)
 
@@ -442,6 +468,7 @@ class _Transfer:
                 else:
                     self.chunks = response.aiter_bytes()  # identity-encoded: as sent
                 self.opened_at = self.pos
+                self.answer_bytes = 0
                 f._open_transfers.add(self)
                 return None
             await self._drop(response)
@@ -449,9 +476,11 @@ class _Transfer:
                 await self._failed(outcome)
             elif outcome is _FOLLOW:
                 hops += 1
-                if hops > _MAX_HOPS:
+                if hops > MAX_REDIRECTS:
                     raise FetchError(
-                        f"{self.file.url}: more than {_MAX_HOPS} redirects", url=self.file.url
+                        f"{self.file.url}: more than {MAX_REDIRECTS} redirects (MAX_REDIRECTS), "
+                        f"the last to {_display(self.last_url)}: a redirect loop?",
+                        url=self.file.url,
                     )
             elif outcome is _AT_EOF:
                 return _AT_EOF
@@ -478,11 +507,14 @@ class _Transfer:
                 size = headers.get("X-Linked-Size", "")
                 if self.stop_when_sized and self.pos is None and size.isdigit() and int(size):
                     self.sized = int(size)
-            target = str(response.url.join(location))
+            try:
+                target = redirect_target(response, "GET", _display(url), FetchError)
+            except FetchError as exc:
+                raise FetchError(f"{file.url}: {exc}", url=file.url, status=status) from None
             f._set_route(self, Route(target, direct=False, reuse_until=_reuse_until(target)))
             return _FOLLOW
         if status in (200, 206):
-            direct = route is None or route.direct
+            direct = self.direct = route is None or route.direct
             if route is None:
                 f._set_route(self, Route(file.url, direct=True))
             f._check_version(
