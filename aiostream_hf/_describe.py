@@ -26,12 +26,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
-from ._client import HubClient
 from ._exceptions import FetchError
 from ._models import FileRef, Manifest
 from ._sources import BucketSource, HubSource, has_glob, is_bucket_uri, parse_sources
 
 if TYPE_CHECKING:
+    from ._engine import Readers
     from ._options import StreamOptions
     from .lerobot import LeRobotMetadata
 
@@ -192,31 +192,27 @@ def _info_url(source: str, manifest: Manifest) -> str | None:
 
 
 async def load_lerobot(
-    source: str,
-    *,
-    token: str | None,
-    endpoint: str | None,
-    client: HubClient,
-    options: StreamOptions | None = None,
+    source: str, readers: Readers, *, options: StreamOptions | None = None
 ) -> LeRobotMetadata:
-    """The metadata of the LeRobot dataset ``source``, read by ``aiostream_hf.lerobot``."""
+    """The metadata of the LeRobot dataset ``source``, read by ``aiostream_hf.lerobot``
+    with ``readers``' client and access."""
     from . import lerobot
 
+    access = readers.access
     s = lerobot.stream(
-        source, split=None, token=token, endpoint=endpoint, client=client, options=options
+        source,
+        split=None,
+        token=access.token,
+        endpoint=access.endpoint,
+        client=readers.client,
+        options=options,
     )
     async with s:
         return await s.load_metadata()
 
 
 async def find_lerobot(
-    source: str,
-    manifest: Manifest,
-    *,
-    token: str | None,
-    endpoint: str | None,
-    client: HubClient,
-    options: StreamOptions | None = None,
+    source: str, manifest: Manifest, readers: Readers, *, options: StreamOptions | None = None
 ) -> LeRobotMetadata | None:
     """The metadata of the Hub dataset (or S3 folder) ``source`` (resolved to
     ``manifest``) if it is a LeRobot dataset, else None.
@@ -230,17 +226,14 @@ async def find_lerobot(
     if folder is not None:
         if not any(f.path == folder + _INFO for f in manifest.files):
             return None
-        return await load_lerobot(
-            folder, token=token, endpoint=endpoint, client=client, options=options
-        )
+        return await load_lerobot(folder, readers, options=options)
     url = _info_url(source, manifest)
-    endpoint = manifest.endpoint or endpoint  # the Hub it was resolved at (tokens go there)
-    if url is None or not await _exists(url, token=token, endpoint=endpoint, client=client):
+    if url is None or not await _exists(url, readers):
         return None
     src = parse_sources(source)[0]
     assert isinstance(src, HubSource)
     pinned = HubSource(src.repo_id, manifest.commit, src.path).uri  # the listing's commit
-    return await load_lerobot(pinned, token=token, endpoint=endpoint, client=client)
+    return await load_lerobot(pinned, readers)
 
 
 def _s3_folder(source: str) -> str | None:
@@ -255,17 +248,13 @@ def _s3_folder(source: str) -> str | None:
     return f"{src.scheme}://{src.bucket}/{folder + '/' if folder else ''}"
 
 
-async def _exists(url: str, *, token: str | None, endpoint: str | None, client: HubClient) -> bool:
-    from ._engine import open_readers
-    from ._options import StreamOptions
-
-    async with open_readers(StreamOptions(), token=token, endpoint=endpoint, client=client) as r:
-        try:
-            await r.fetcher.read_tail(FileRef(url, _INFO), 1)
-        except FetchError as exc:
-            if exc.status == 404:
-                return False
-            raise
+async def _exists(url: str, readers: Readers) -> bool:
+    try:
+        await readers.fetcher.read_tail(FileRef(url, _INFO), 1)
+    except FetchError as exc:
+        if exc.status == 404:
+            return False
+        raise
     return True
 
 
@@ -324,10 +313,8 @@ def shard_groups(manifests: Sequence[Manifest]) -> tuple[ShardGroup, ...]:
 
 async def webdataset_summary(
     manifests: Sequence[Manifest],
+    readers: Readers,
     *,
-    token: str | None,
-    endpoint: str | None,
-    client: HubClient,
     samples: int = _PEEK_SAMPLES,
     options: StreamOptions | None = None,
 ) -> WebDatasetSummary:
@@ -345,7 +332,10 @@ async def webdataset_summary(
     )
     seen: dict[str, None] = {}
     count = 0
-    s = stream(one, token=token, endpoint=endpoint, client=client, options=options)
+    access = readers.access
+    s = stream(
+        one, token=access.token, endpoint=access.endpoint, client=readers.client, options=options
+    )
     async with s:
         async for sample in s:
             count += 1

@@ -32,6 +32,7 @@ URLs are read by ``_local_reads``):
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import logging
@@ -47,7 +48,7 @@ import pyarrow as pa
 
 from . import stores
 from ._access import Access, auth_headers, check_token, default_endpoint, normalize_endpoint, origin
-from ._client import HubClient, Pending, RequestSigner, Route
+from ._client import HubClient, Pending, RequestSigner, Route, use_client
 from ._exceptions import (
     AiostreamError,
     ClosedResourceError,
@@ -188,12 +189,14 @@ class RangeFetcher:
         n = self.options.max_concurrency
         if client is not None and transport is not None:
             raise SourceError("RangeFetcher: pass a client or a transport, not both")
-        # The client is shared (its pool, host gates and CDN URL cache) when given;
-        # else this fetcher makes its own and closes it.
-        self._owns_client = client is None
-        self._hub = (
-            client if client is not None else HubClient(max_connections=n, transport=transport)
+        # The client is shared (its pool, host gates and CDN URL cache): the one given,
+        # else the event loop's (taken by ``async with``); a test's ``transport`` gets a
+        # client of its own, closed with this fetcher.
+        self._owns_client = transport is not None
+        self._client: HubClient | None = (
+            HubClient(max_connections=n, transport=transport) if transport is not None else client
         )
+        self._shared: contextlib.AbstractAsyncContextManager[HubClient] | None = None
         self._timeout = httpx2.Timeout(self.options.timeout)
         self._pacing = self.options.pacing()
         # CDN URLs are cached per token: a private file's signed URL, learned with a
@@ -224,7 +227,11 @@ class RangeFetcher:
     # -- lifecycle -------------------------------------------------------------------------
 
     async def __aenter__(self) -> RangeFetcher:
-        self._check_open()
+        if self._closed:
+            self._check_open()
+        if self._client is None:  # the event loop's shared client (``use_client``)
+            self._shared = use_client()
+            self._client = await self._shared.__aenter__()
         return self
 
     async def __aexit__(
@@ -242,8 +249,11 @@ class RangeFetcher:
                 for transfer in list(self._open_transfers):
                     await transfer.aclose()
             finally:
-                if self._owns_client:
-                    await self._hub.aclose()
+                if self._owns_client and self._client is not None:
+                    await self._client.aclose()
+                shared, self._shared = self._shared, None
+                if shared is not None:
+                    await shared.__aexit__(None, None, None)
 
     @property
     def closed(self) -> bool:
@@ -260,6 +270,15 @@ class RangeFetcher:
     def client(self) -> HubClient:
         """The client this fetcher's requests go through."""
         return self._hub
+
+    @property
+    def _hub(self) -> HubClient:
+        if self._client is None:
+            raise ClosedResourceError(
+                "this RangeFetcher has no client: use it as `async with RangeFetcher(...) as "
+                "fetcher` (it takes the event loop's shared client), or pass client="
+            )
+        return self._client
 
     # -- public reads ----------------------------------------------------------------------
 

@@ -37,10 +37,10 @@ from ._cli_run import Group, explained, run
 from ._exceptions import AiostreamError
 
 if TYPE_CHECKING:
-    from ._client import HubClient
     from ._describe import LeRobotSummary, WebDatasetSummary
     from ._models import Manifest
     from ._options import StreamOptions
+    from ._resolver import Resolver
 
 __all__ = ["main"]
 
@@ -301,60 +301,41 @@ async def _ls(
     token: str | None,
     options: StreamOptions,
 ) -> _Listing:
-    """What ``ls`` shows: the manifests, and what a LeRobot or WebDataset dataset adds."""
-    from . import _describe
-    from ._client import HubClient
+    """What ``ls`` shows: the manifests, and what a LeRobot or WebDataset dataset adds.
 
-    async with HubClient() as client:
+    Read with one set of readers (``open_readers``: one access, the loop's client)."""
+    from . import _describe
+    from ._engine import open_readers
+
+    async with open_readers(options, token=token, endpoint=endpoint) as readers:
         folder = _describe.local_lerobot(source)
         if folder is not None:
-            meta = await _describe.load_lerobot(
-                str(folder), token=token, endpoint=endpoint, client=client, options=options
-            )
+            meta = await _describe.load_lerobot(str(folder), readers, options=options)
             return _Listing([], lerobot=_describe.LeRobotSummary.from_metadata(meta))
-        manifests = await _resolve_all(source, config, split, endpoint, token, client, options)
-        found = await _describe.find_lerobot(
-            source, manifests[0], token=token, endpoint=endpoint, client=client, options=options
-        )
+        manifests = await _resolve_all(source, config, split, readers.resolver)
+        found = await _describe.find_lerobot(source, manifests[0], readers, options=options)
         if found is not None:
             return _Listing(manifests, lerobot=_describe.LeRobotSummary.from_metadata(found))
         if manifests[0].format == "webdataset":
-            shards = await _describe.webdataset_summary(
-                manifests, token=token, endpoint=endpoint, client=client, options=options
-            )
+            shards = await _describe.webdataset_summary(manifests, readers, options=options)
             return _Listing(manifests, webdataset=shards)
         return _Listing(manifests)
 
 
 async def _resolve_all(
-    source: str,
-    config: str | None,
-    split: str | None,
-    endpoint: str | None,
-    token: str | None,
-    client: HubClient | None = None,
-    options: StreamOptions | None = None,
+    source: str, config: str | None, split: str | None, resolver: Resolver
 ) -> list[Manifest]:
     """The manifest of the selected (or default) config, then those of the other configs.
 
     The Resolver keeps the pin, tree and card in memory: the other configs cost no request.
     """
-    from ._resolver import Resolver
-
-    async with Resolver(client=client, options=options) as resolver:
-        first = await resolver.resolve(
-            source, config=config, split=split, endpoint=endpoint, token=token
-        )
-        manifests = [first]
-        if config is None:
-            for other in first.configs:
-                if other != first.config:
-                    manifests.append(
-                        await resolver.resolve(
-                            source, config=other, split=split, endpoint=endpoint, token=token
-                        )
-                    )
-        return manifests
+    first = await resolver.resolve(source, config=config, split=split)
+    manifests = [first]
+    if config is None:
+        for other in first.configs:
+            if other != first.config:
+                manifests.append(await resolver.resolve(source, config=other, split=split))
+    return manifests
 
 
 # -- head -----------------------------------------------------------------------------
