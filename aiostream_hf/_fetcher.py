@@ -11,7 +11,7 @@ Every decoder reads bytes through one ``RangeFetcher`` per event loop::
 
 How a read travels (each span is one ``_transfer._Transfer``: its resolution,
 retries, resumes, stalls and checks of each answer are told there; ``file://``
-URLs are read by ``_local_reads``):
+URLs are read by ``stores.local``):
 
 - Concurrency. An ``anyio.CapacityLimiter(max_concurrency)`` is held by every
   request from send to the end of its body. ``read_ranges`` merges ranges
@@ -57,7 +57,11 @@ from ._exceptions import (
     RangeMismatchError,
     SourceError,
 )
-from ._local_reads import (
+from ._models import FileRef
+from ._options import StreamOptions
+from ._transfer import _display, _Transfer
+from ._versions import Version, normalize_etag
+from .stores.local import (
     _describe_local,
     _local_path,
     _LocalTransfer,
@@ -65,10 +69,6 @@ from ._local_reads import (
     _pread_ranges,
     _pread_tail,
 )
-from ._models import FileRef
-from ._options import StreamOptions
-from ._transfer import _display, _Transfer
-from ._versions import Version, normalize_etag
 
 __all__ = ["ByteStream", "FetcherStatistics", "RangeFetcher", "coalesce_ranges"]
 

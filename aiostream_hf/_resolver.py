@@ -383,12 +383,7 @@ class Resolver:
         """Plain files and URLs; or objects of one bucket (one listing for all of them)."""
         what = _describe(run[0]) + (f" and {len(run) - 1} more" if len(run) > 1 else "")
         _check_one_split(what, config, split)
-        if isinstance(run[0], BucketSource):
-            bucket = [src for src in run if isinstance(src, BucketSource)]
-            files = await self._resolve_bucket(bucket, call)
-        else:
-            plain = [src for src in run if not isinstance(src, BucketSource)]
-            files = await anyio.to_thread.run_sync(_plain_files, plain)
+        files = await stores.for_source(run[0]).resolve(run, _StoreLister(self, call))
         return Manifest(
             files=files,
             config="default",
@@ -397,18 +392,6 @@ class Resolver:
             splits={"train": len(files)},
             format=_common_format([f.path for f in files]),
         )
-
-    # -- plain files --------------------------------------------------------------------
-
-    # -- buckets of object stores --------------------------------------------------------
-
-    async def _resolve_bucket(
-        self, sources: Sequence[BucketSource], call: _Call
-    ) -> tuple[FileRef, ...]:
-        """The objects ``sources`` (of one bucket) name: their store lists the bucket."""
-        store = stores.for_scheme(sources[0].scheme)
-        files = await store.resolve(sources, _StoreLister(self, call))
-        return files
 
     # -- Hub repos ----------------------------------------------------------------------
 
@@ -740,11 +723,11 @@ def _describe(src: Source) -> str:
 
 
 def _same_run(last: Source, src: Source) -> bool:
-    """Whether ``src`` is resolved with ``last``: plain files and URLs together, the
+    """Whether ``src`` is resolved with ``last``: sources of one store together, the
     objects of one bucket together (one listing)."""
     if isinstance(last, BucketSource) and isinstance(src, BucketSource):
         return (last.scheme, last.bucket) == (src.scheme, src.bucket)
-    return not isinstance(last, BucketSource) and not isinstance(src, BucketSource)
+    return stores.for_source(last) is stores.for_source(src)
 
 
 def _check_one_split(what: str, config: str | None, split: str | None) -> None:
@@ -758,17 +741,6 @@ def _check_one_split(what: str, config: str | None, split: str | None) -> None:
             f"no split {split!r} in {what}: files, URLs and objects form one split, 'train' "
             "(as in datasets); resolve each split's files separately"
         )
-
-
-def _plain_files(sources: Sequence[UrlSource | LocalSource]) -> tuple[FileRef, ...]:
-    files = []
-    for src in sources:
-        if isinstance(src, UrlSource):
-            files.append(FileRef(url=src.url, path=src.url, split="train"))
-        else:
-            size = src.path.stat().st_size
-            files.append(FileRef(src.path.as_uri(), str(src.path), size, None, "train"))
-    return tuple(files)
 
 
 def _combine(manifests: Sequence[Manifest]) -> Manifest:

@@ -42,6 +42,7 @@ a transfer sends the requests, follows redirects, judges each answer and resumes
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import re
 import time
 import urllib.parse
@@ -683,38 +684,29 @@ class _Transfer:
     def _http_error(
         self, status: int, headers: httpx2.Headers, url: str, route: Route | None
     ) -> FetchError:
+        """A refused read: the file was removed (a 404 from its own URL once pinned), or
+        what its store says the refusal means (``stores.reader_of``)."""
         file = self.file
-        code = headers.get("X-Error-Code")
-        detail = headers.get("X-Error-Message")
-        note = f" ({': '.join(x for x in (code, detail) if x)})" if code or detail else ""
-        where = file.url if url == file.url else f"{file.url} (served by {_display(url)})"
+        refusal = stores.Refusal(
+            file,
+            status,
+            url,
+            headers,
+            self.error_body,
+            self.failures + 1,
+            self.fetcher.access,
+            None,
+        )
         if status == 404 and route is not None and route.direct:
-            return self._changed(f"{where} answered 404{note}: it was removed", status=404)
-        store = stores.for_file(file)
-        if store is not None:
-            ctx = self.fetcher._store_contexts.get(store.scheme)
-            return store.read_error(ctx, file, status, self.error_body, self.failures + 1)
-        if status == 404:
-            message = f"{file.path}: not found: HTTP 404 from {where}{note}"
-        elif status in (401, 403) and self.fetcher._is_hub(url):
-            access = self.fetcher.access
-            fix = (
-                f"the token (from {access.token_source or 'token='}) cannot read it: "
-                "request access to the repo or use another token"
-                if access.token
-                else "no token was sent: pass token=, set HF_TOKEN or log in with "
-                "`hf auth login`, with a token that can read the repo"
+            return self._changed(
+                f"{refusal.where} answered 404{refusal.note}: it was removed", status=404
             )
-            message = f"{file.path}: HTTP {status} from {where}{note}: {fix}"
-        elif status in (401, 403) and url == file.url and self.fetcher._token:
-            hub = "://".join(self.fetcher._hub_origin[:2])
-            message = (
-                f"{file.path}: HTTP {status} from {where}{note}: the token is sent only to "
-                f"the Hub endpoint {hub}; pass endpoint= if this file's Hub is another one"
+        bucket = stores.for_file(file)
+        if bucket is not None:
+            refusal = dataclasses.replace(
+                refusal, context=self.fetcher._store_contexts.get(bucket.scheme)
             )
-        else:
-            message = f"{file.path}: HTTP {status} from {where}{note}"
-        return FetchError(message, url=file.url, status=status, attempts=self.failures + 1)
+        return stores.reader_of(file, self.fetcher.access).read_error(refusal)
 
     async def _drop(self, response: httpx2.Response | None) -> None:
         """Close a response that is not used and give back the slot (shielded)."""
@@ -773,10 +765,7 @@ def _host_key(url: str, file: FileRef) -> str:
     return f"{host}:{port}"
 
 
-def _display(url: str) -> str:
-    """A URL for messages: without its query (signed CDN URLs carry credentials there)."""
-    parts = urllib.parse.urlsplit(url)
-    return parts._replace(query="", fragment="").geturl() if parts.query else url
+_display = stores.display_url
 
 
 def _content_length(headers: httpx2.Headers) -> int | None:

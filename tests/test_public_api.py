@@ -50,7 +50,7 @@ _DOING_IO = {
     "aiostream_hf._client",
     "aiostream_hf._fetcher",
     "aiostream_hf._transfer",
-    "aiostream_hf._local_reads",
+    "aiostream_hf.stores.local",
     "aiostream_hf._resolver",
     "aiostream_hf._stream",
     "aiostream_hf._bridge",

@@ -16,7 +16,7 @@ from typing import Any
 
 import httpx2
 
-from aiostream_hf import AccessDeniedError, EntryNotFoundError, FetchError, SourceError
+from aiostream_hf import AccessDeniedError, EntryNotFoundError, FetchError, SourceError, stores
 from aiostream_hf._models import FileRef
 from aiostream_hf._options import StreamOptions
 from aiostream_hf._sources import BucketSource
@@ -39,6 +39,7 @@ class TinyContext:
 
 
 class TinyStore:
+    name = "tiny"
     scheme = "tiny"
 
     def __init__(self) -> None:
@@ -79,16 +80,9 @@ class TinyStore:
     async def error_body(self, response: httpx2.Response) -> bytes:
         return (await response.aread())[:1024]
 
-    def read_error(
-        self, ctx: Any, file: FileRef, status: int, body: bytes, attempts: int
-    ) -> FetchError:
-        why = body.decode(errors="replace")
-        return FetchError(
-            f"{file.path}: the tiny store refused it: HTTP {status} ({why})",
-            url=file.url,
-            status=status,
-            attempts=attempts,
-        )
+    def read_error(self, refusal: stores.Refusal) -> FetchError:
+        why = refusal.body.decode(errors="replace")
+        return refusal.error(f"the tiny store refused it: HTTP {refusal.status} ({why})")
 
 
 STORE = TinyStore()

@@ -24,14 +24,18 @@ from .._access import Access, origin
 from .._answers import Answer
 from .._exceptions import (
     EntryNotFoundError,
+    FetchError,
     GatedRepoError,
     RepoNotFoundError,
     ResolutionError,
     RevisionNotFoundError,
 )
 from .._hub_layout import _File, _front_matter, _load_yaml, _short, _tree_file, _Where
+from ._refusal import Refusal
 
 __all__ = [
+    "STORE",
+    "HubStore",
     "MAX_TREE_BYTES",
     "MAX_TREE_FILES",
     "MAX_TREE_PAGES",
@@ -309,3 +313,32 @@ def json_body(body: bytes, url: str) -> Any:
         raise ResolutionError(f"GET {url} answered something that is not UTF-8: {exc}") from exc
     except (ValueError, RecursionError) as exc:
         raise ResolutionError(f"GET {url} answered something that is not JSON: {exc}") from exc
+
+
+# -- reads ------------------------------------------------------------------------------------
+
+
+class HubStore:
+    """The Hub's files: listed by the resolver (configs and splits: ``_hub_layout`` with
+    the functions above), read by the fetcher through ``/resolve/`` (``_transfer``)."""
+
+    name = "hub"
+
+    def read_error(self, refusal: Refusal) -> FetchError:
+        """A read the Hub (or the CDN it sent us to) refused."""
+        r = refusal
+        if r.status == 404:
+            return r.error(f"not found: HTTP 404 from {r.where}{r.note}")
+        if r.status in (401, 403) and origin(r.url) == origin(r.access.endpoint):
+            fix = (
+                f"the token (from {r.access.token_source or 'token='}) cannot read it: "
+                "request access to the repo or use another token"
+                if r.access.token
+                else "no token was sent: pass token=, set HF_TOKEN or log in with "
+                "`hf auth login`, with a token that can read the repo"
+            )
+            return r.error(f"HTTP {r.status} from {r.where}{r.note}: {fix}")
+        return r.error(f"HTTP {r.status} from {r.where}{r.note}")
+
+
+STORE = HubStore()

@@ -80,6 +80,7 @@ from .._exceptions import (
 from .._models import FileRef
 from .._options import StreamOptions
 from .._sources import BucketSource, has_glob
+from ._refusal import Refusal
 
 if TYPE_CHECKING:
     from . import Lister
@@ -681,6 +682,7 @@ class S3Store:
     """The ``s3://`` store (``stores.BucketStore``): what the resolver and the fetcher
     ask of a bucket of objects, answered with S3's wire format."""
 
+    name = "s3"
     scheme = "s3"
 
     def check_available(self) -> None:
@@ -718,10 +720,10 @@ class S3Store:
     async def error_body(self, response: httpx2.Response) -> bytes:
         return await error_body(response)
 
-    def read_error(
-        self, ctx: Any, file: FileRef, status: int, body: bytes, attempts: int
-    ) -> FetchError:
-        return read_error(ctx if isinstance(ctx, S3Context) else None, file, status, body, attempts)
+    def read_error(self, refusal: Refusal) -> FetchError:
+        r = refusal
+        ctx = r.context if isinstance(r.context, S3Context) else None
+        return read_error(ctx, r.file, r.status, r.body, r.attempts)
 
 
 STORE = S3Store()

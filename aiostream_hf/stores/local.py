@@ -1,7 +1,12 @@
-"""Reads of ``file://`` URLs for the ``RangeFetcher`` (``_fetcher``): local files read
-from disk with ``os.pread`` in worker threads. Each read also returns the file's
-``_LocalVersion`` (device, inode, size, mtime), which the fetcher pins at its first read:
-a file replaced or rewritten in place since is ``FileChangedError``.
+"""The local store: files on this machine's disk (``LocalSource``, ``file://`` URLs).
+
+- Listing (``LocalStore.resolve``): each path's size by ``stat``, its URL ``file://``;
+  globs were expanded when the source was parsed (``_sources``).
+- Reads, for the ``RangeFetcher`` (``_fetcher``): ``os.pread`` in worker threads. Each
+  read also returns the file's ``_LocalVersion`` (device, inode, size, mtime), which the
+  fetcher pins at its first read: a file replaced or rewritten in place since is
+  ``FileChangedError``.
+- Errors: a missing or unreadable file is a ``FetchError`` naming the path.
 """
 
 from __future__ import annotations
@@ -9,16 +14,36 @@ from __future__ import annotations
 import os
 import urllib.parse
 import urllib.request
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import anyio.to_thread
 
-from ._exceptions import FetchError, FileChangedError
-from ._models import FileRef
+from .._exceptions import FetchError, FileChangedError
+from .._models import FileRef
+from .._sources import LocalSource
 
 if TYPE_CHECKING:
-    from ._fetcher import RangeFetcher
+    from .._fetcher import RangeFetcher
+
+
+class LocalStore:
+    """Files on this machine's disk."""
+
+    name = "local"
+
+    async def resolve(self, sources: Sequence[Any], lister: Any) -> tuple[FileRef, ...]:
+        """Each path as a ``file://`` file, with its size (``stat``, in a worker thread)."""
+        paths = [src.path for src in sources if isinstance(src, LocalSource)]
+        sizes = await anyio.to_thread.run_sync(lambda: [p.stat().st_size for p in paths])
+        return tuple(
+            FileRef(p.as_uri(), str(p), size, None, "train")
+            for p, size in zip(paths, sizes, strict=True)
+        )
+
+
+STORE = LocalStore()
 
 
 class _LocalTransfer:
