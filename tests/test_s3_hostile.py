@@ -133,6 +133,23 @@ async def test_an_error_answer_with_a_dtd_says_nothing_it_declares(endpoint: _En
     assert _s3.error_code(plain) == ("NoSuchBucket", "", "")
 
 
+async def test_a_glob_that_backtracks_as_a_regex_chooses_among_long_keys(
+    endpoint: _Endpoint,
+) -> None:
+    """Keys of 1,000 '-' and a glob of four stars: a backtracking regex would try every
+    way to place the stars, in a worker thread nothing can cancel."""
+    dashes = "-" * 1000
+    keys = [f"data/{dashes}{i}.txt" for i in range(100)] + [f"data/{dashes}.parquet"]
+    contents = "".join(
+        f"<Contents><Key>{k}</Key><Size>10</Size><ETag>e{i}</ETag></Contents>"
+        for i, k in enumerate(sorted(keys))
+    )
+    endpoint.body = f"<ListBucketResult>{contents}</ListBucketResult>".encode()
+    with pytest.raises(ash.DecodeError, match="is not a Parquet file"):
+        await _collect(ash.stream("s3://bkt/data/*-*-*-*.parquet", options=_options(endpoint)))
+    assert [p for p in endpoint.paths if "list-type=2" not in p] == [f"/bkt/data/{dashes}.parquet"]
+
+
 def _get(body: bytes) -> Any:
     async def get(url: str) -> bytes:
         return body

@@ -85,6 +85,7 @@ from .._options import StreamOptions
 from .._sources import BucketSource, has_glob
 
 if TYPE_CHECKING:
+    from .._hub_layout import Glob
     from . import Lister
 
 __all__ = [
@@ -564,11 +565,11 @@ def select(
     ctx: S3Context,
     objects: Sequence[S3Object],
     sources: Sequence[BucketSource],
-    match: Callable[[str], re.Pattern[str]],
+    match: Callable[[str], Glob],
 ) -> tuple[FileRef, ...]:
     """The files ``sources`` name among the listed ``objects`` (of one bucket), in the
     sources' order: an exact key, a folder's keys, or a glob's matches (key order).
-    ``match`` turns a glob into its regex (the resolver's, so globs match as on the Hub)."""
+    ``match`` turns a glob into its matcher (the resolver's, so globs match as on the Hub)."""
     by_key = {o.key: o for o in objects}
     files: list[FileRef] = []
     for src in sources:
