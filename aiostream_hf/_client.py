@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import http.cookiejar
 import logging
 import random
 import re
@@ -253,6 +254,11 @@ class HubClient:
             # Only proxies from the environment (HTTPS_PROXY...) use the client's `verify`.
             verify=tls_context() if urllib.request.getproxies() else True,
             follow_redirects=False,
+            # No cookie is kept (the Hub needs none): a jar would replay every Set-Cookie
+            # to every port of the host and grow each request's Cookie header.
+            cookies=http.cookiejar.CookieJar(
+                http.cookiejar.DefaultCookiePolicy(allowed_domains=[])
+            ),
             limits=limits,
             headers={"Accept-Encoding": "identity", "User-Agent": f"aiostream-hf/{__version__}"},
         )

@@ -365,62 +365,113 @@ def _default_config(configs: Mapping[str, Mapping[str, Any]], repo: str) -> str 
 
 
 @functools.lru_cache(maxsize=1024)
-def _glob_regex(pattern: str) -> re.Pattern[str]:
-    """The regex fsspec's ``glob`` matches a path with (``fsspec.utils.glob_translate``).
+def _glob(pattern: str) -> Glob:
+    """The matcher of ``pattern`` (cached)."""
+    return Glob(pattern)
 
-    ``*`` and ``?`` stay in one path segment, ``**`` as a whole segment crosses any
-    number of them, ``[...]`` is a character class (``[!...]`` negated).
+
+class Glob:
+    """A glob over ``/``-separated paths, matched as fsspec's ``glob`` matches them (the
+    regex of ``fsspec.utils.glob_translate``), in time at most the path's length times the
+    pattern's, never by backtracking.
+
+    ``*`` and ``?`` stay in one path segment, ``*`` as a whole segment is one non-empty
+    segment, ``**`` as a whole segment crosses any number of them, ``[...]`` is a
+    character class (``[!...]`` negated). One difference with fsspec: a class never
+    matches ``/`` (fsspec's ``[!a]`` does), as in a shell.
+
+    Segment by segment: a segment pattern is fixed-length pieces between its stars; the
+    first piece must match at the start, the last at the end, and each piece between at
+    the earliest place after the one before (taking the earliest never loses a match).
     """
-    parts = pattern.split("/")
-    out: list[str] = []
-    last = len(parts) - 1
-    for i, part in enumerate(parts):
-        if part == "*":
-            out.append("[^/]+/" if i < last else "[^/]+")
-            continue
-        if part == "**":
-            out.append("(?:.+/)?" if i < last else ".*")
-            continue
-        if "**" in part:
-            raise SourceError(
-                f"pattern {pattern!r}: '**' must be a whole path segment, as in 'data/**/*.parquet'"
-            )
-        out.append(_translate_segment(part))
-        if i < last:
-            out.append("/")
-    try:
-        return re.compile(rf"(?s:{''.join(out)})\Z")
-    except re.error as exc:
-        raise SourceError(f"pattern {pattern!r} is not a valid glob: {exc}") from None
+
+    def __init__(self, pattern: str) -> None:
+        self.pattern = pattern
+        parts = pattern.split("/")
+        for part in parts:
+            if "**" in part and part != "**":
+                raise SourceError(
+                    f"pattern {pattern!r}: '**' must be a whole path segment, as in "
+                    "'data/**/*.parquet'"
+                )
+        try:
+            self._parts = [p if p in ("*", "**") else _Segment(p) for p in parts]
+        except re.error as exc:
+            raise SourceError(f"pattern {pattern!r} is not a valid glob: {exc}") from None
+
+    def __repr__(self) -> str:
+        return f"Glob({self.pattern!r})"
+
+    def match(self, path: str) -> bool:
+        segments = path.split("/")
+        n = len(segments)
+        reach = {0}  # where the next part may start: an index into segments
+        last = len(self._parts) - 1
+        for i, part in enumerate(self._parts):
+            if part == "**" and i == last:  # the rest, whatever it is (fsspec: '.*')
+                return any(r < n for r in reach)
+            if part == "**":  # none, or segments whose text is not empty (fsspec: '(?:.+/)?')
+                first = min(reach)
+                more = set(range(first + 2, n))
+                if first + 1 < n and segments[first]:
+                    more.add(first + 1)
+                reach |= more
+            elif part == "*":
+                reach = {r + 1 for r in reach if r < n and segments[r]}
+            else:
+                assert isinstance(part, _Segment)
+                reach = {r + 1 for r in reach if r < n and part.match(segments[r])}
+            if not reach:
+                return False
+        return n in reach
 
 
-def _translate_segment(part: str) -> str:
-    out: list[str] = []
-    i, n = 0, len(part)
-    while i < n:
-        c = part[i]
-        i += 1
-        if c == "*":
-            if not out or out[-1] != "[^/]*":
-                out.append("[^/]*")
-        elif c == "?":
-            out.append("[^/]")
-        elif c == "[":
-            j = i
-            if j < n and part[j] == "!":
-                j += 1
-            if j < n and part[j] == "]":
-                j += 1
-            while j < n and part[j] != "]":
-                j += 1
-            if j >= n:
-                out.append("\\[")
-                continue
-            out.append(_char_class(part[i:j]))
-            i = j + 1
-        else:
-            out.append(re.escape(c))
-    return "".join(out)
+class _Segment:
+    """One segment's pattern: the fixed-length pieces between its stars, each a regex of
+    single-character atoms (a literal, ``?``, a class)."""
+
+    def __init__(self, part: str) -> None:
+        pieces: list[list[str]] = [[]]
+        i, n = 0, len(part)
+        while i < n:
+            c = part[i]
+            i += 1
+            if c == "*":
+                pieces.append([])
+            elif c == "?":
+                pieces[-1].append("[^/]")
+            elif c == "[":
+                j = i
+                if j < n and part[j] == "!":
+                    j += 1
+                if j < n and part[j] == "]":
+                    j += 1
+                while j < n and part[j] != "]":
+                    j += 1
+                if j >= n:
+                    pieces[-1].append(re.escape(c))
+                    continue
+                pieces[-1].append(_char_class(part[i:j]))
+                i = j + 1
+            else:
+                pieces[-1].append(re.escape(c))
+        self.pieces = [re.compile(f"(?s:{''.join(atoms)})") for atoms in pieces]
+        self.lengths = [len(atoms) for atoms in pieces]
+
+    def match(self, text: str) -> bool:
+        pieces, lengths = self.pieces, self.lengths
+        if len(pieces) == 1:
+            return len(text) == lengths[0] and pieces[0].match(text) is not None
+        end = len(text) - lengths[-1]  # where the last piece starts
+        if end < lengths[0] or pieces[0].match(text) is None or pieces[-1].match(text, end) is None:
+            return False
+        at = lengths[0]
+        for piece in pieces[1:-1]:
+            found = piece.search(text, at, end)
+            if found is None:
+                return False
+            at = found.end()
+        return True
 
 
 def _char_class(stuff: str) -> str:
@@ -500,7 +551,7 @@ class _Tree:
         return next(self._matches(pattern), None) is not None
 
     def _matches(self, pattern: str) -> Iterator[_File]:
-        regex = _glob_regex(pattern)
+        matcher = _glob(pattern)
         hint = _literal_hint(pattern)
         ignore = _FILES_TO_IGNORE - {posixpath.basename(pattern)}
         pat_parts = [p for p in pattern.split("/") if p not in ("", ".")]
@@ -509,7 +560,7 @@ class _Tree:
         for rel, f in self.items:
             if hint and hint not in rel:
                 continue
-            if regex.match(rel) is None:
+            if not matcher.match(rel):
                 continue
             if rel.rpartition("/")[2] in ignore:
                 continue

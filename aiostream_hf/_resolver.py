@@ -103,8 +103,8 @@ from ._hub_layout import (
     _bad_input,
     _common_format,
     _File,
+    _glob,
     _glob_base,
-    _glob_regex,
     _sanitize_data_files,
     _select,
     _Where,
@@ -812,7 +812,7 @@ class _StoreLister:
         )
 
     def glob(self, pattern: str) -> Any:
-        return _glob_regex(pattern)
+        return _glob(pattern)
 
 
 #: The ``stream()`` arguments that resolution takes (the rest are the reading's).

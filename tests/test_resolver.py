@@ -7,6 +7,7 @@ import json
 import math
 import os
 import pickle
+import random
 import re
 import subprocess
 import sys
@@ -32,9 +33,10 @@ from aiostream_hf import (
     SplitNotFoundError,
 )
 from aiostream_hf._client import HubClient
+from aiostream_hf._hub_layout import Glob
 from aiostream_hf._models import FileRef, Manifest
 from aiostream_hf._options import StreamOptions
-from aiostream_hf._resolver import Resolver, _glob_regex
+from aiostream_hf._resolver import Resolver
 from aiostream_hf.testing import (
     Faults,
     HubServer,
@@ -984,5 +986,67 @@ async def test_closed_resolver_refuses_work_and_a_given_client_stays_open(
         "a[b-d-f]c",
     ],
 )
-def test_globs_translate_like_fsspec(pattern: str) -> None:
-    assert _glob_regex(pattern).pattern == fsspec.utils.glob_translate(pattern)
+def test_globs_match_like_fsspec(pattern: str) -> None:
+    regex = re.compile(fsspec.utils.glob_translate(pattern))
+    keys = [
+        *("", "a", "ab", "a/b", "a//b", "/a", "a/", "x/a/b/c/b/y.tar", "a/b/z.tar", "a]b"),
+        *("[!]", "[]", "open[bracket", "dots.and+plus(paren)", "a^b", "aeb", "a-c", "xqyczq"),
+        *("data/x.parquet", "data/a/b.parquet", "data/train-00001-of-00002-x.parquet"),
+        *("x/train.json", "x/train-0", "x/my-validation-1/y", "data/", "data/a/b", "abc"),
+    ]
+    assert [bool(Glob(pattern).match(k)) for k in keys] == [bool(regex.match(k)) for k in keys]
+
+
+_ATOMS = ["a", "b", "-", ".", "*", "?", "[ab]", "[a-b]", "[-.]", "[]a]", "[]", "a[", "[z-a]"]
+
+
+def _random_glob(rng: random.Random) -> str:
+    parts = []
+    for _ in range(rng.randint(1, 4)):
+        r = rng.random()
+        if r < 0.15:
+            parts.append("**")
+        elif r < 0.25:
+            parts.append("*")
+        else:
+            parts.append("".join(rng.choice(_ATOMS) for _ in range(rng.randint(0, 4))))
+    return "/".join(parts)
+
+
+def _random_path(rng: random.Random) -> str:
+    segments = ("".join(rng.choice("ab-.[") for _ in range(rng.randint(0, 4))) for _ in range(5))
+    return "/".join(list(segments)[: rng.randint(1, 5)])
+
+
+def test_random_globs_match_as_fsspec_s_regex() -> None:
+    """The matcher against the regex globs were matched with before (fsspec's), on
+    random patterns and paths (empty segments, stars, classes, '**' anywhere)."""
+    rng = random.Random(31)
+    compared = 0
+    for _ in range(3000):
+        pattern = _random_glob(rng)
+        if any("**" in part and part != "**" for part in pattern.split("/")):
+            with pytest.raises(SourceError, match="must be a whole path segment"):
+                Glob(pattern)
+            continue
+        glob, regex = Glob(pattern), re.compile(fsspec.utils.glob_translate(pattern))
+        for path in (_random_path(rng) for _ in range(20)):
+            assert glob.match(path) == bool(regex.match(path)), (pattern, path)
+            compared += 1
+    assert compared > 30_000
+
+
+def test_a_class_never_matches_a_slash() -> None:
+    """The one difference with fsspec's regex: '[!a]' matches any character but '/'."""
+    assert Glob("x[!a]y").match("xby")
+    assert not Glob("x[!a]y").match("x/y")
+    assert re.match(fsspec.utils.glob_translate("x[!a]y"), "x/y")
+
+
+def test_a_glob_that_backtracks_as_a_regex_matches_long_keys() -> None:
+    """'*-*-*-*' over keys of 1,000 '-': a backtracking regex tries every way to place
+    its stars (hours for these keys); the matcher takes the earliest place of each piece."""
+    keys = [f"data/{'-' * 1000}{i}.txt" for i in range(100)] + [f"data/{'-' * 1000}.parquet"]
+    glob = Glob("data/*-*-*-*.parquet")
+    assert [k for k in keys if glob.match(k)] == [f"data/{'-' * 1000}.parquet"]
+    assert Glob("**/*-*-*/**/*-*-*.txt").match(f"{'--/' * 300}{'-' * 1000}.txt")

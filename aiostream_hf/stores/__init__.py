@@ -95,7 +95,8 @@ class Lister(Protocol):
         ...
 
     def glob(self, pattern: str) -> Any:
-        """The regex a glob over keys matches with (as globs match on the Hub)."""
+        """The matcher of a glob over keys (``.match(key)`` is true for a key it
+        matches), as globs match on the Hub."""
         ...
 
 

@@ -33,9 +33,11 @@ request goes through the one ``HubClient``. This module gives them:
   continuation token, bounded like a Hub tree listing: at most ``MAX_LIST_PAGES``
   pages, ``MAX_LIST_KEYS`` objects and ``MAX_LIST_BYTES`` bytes in all, a page body at
   most the resolver's ``MAX_API_BODY``; a repeated token, a key listed twice or outside
-  the prefix, a truncated page without a token are errors. XML is parsed with the
-  standard library's ``ElementTree`` after refusing any ``<!DOCTYPE``/``<!ENTITY`` (so
-  no entity can expand); every field is type-checked.
+  the prefix, a truncated page without a token are errors. XML is parsed by expat (in
+  whatever encoding the answer declares) into an ``ElementTree``, refusing any
+  ``<!DOCTYPE`` (so no entity can be declared, hence none expand), at most
+  ``MAX_XML_ELEMENTS`` elements and no more characters of text than the body has
+  bytes; a page holds at most ``MAX_PAGE_KEYS`` objects; every field is type-checked.
 - Errors: the store's ``<Error><Code>`` becomes an error of ``_exceptions`` that names
   the bucket (and key), the credentials used and the way out: ``NoSuchBucket`` ->
   ``RepoNotFoundError``; ``AccessDenied``, ``InvalidAccessKeyId``,
@@ -64,6 +66,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, unquote, urlsplit
+from xml.parsers import expat
 
 import anyio.to_thread
 import httpx2
@@ -83,6 +86,7 @@ from .._sources import BucketSource, has_glob
 from ._refusal import Refusal
 
 if TYPE_CHECKING:
+    from .._hub_layout import Glob
     from . import Lister
 
 __all__ = [
@@ -90,6 +94,8 @@ __all__ = [
     "MAX_LIST_BYTES",
     "MAX_LIST_KEYS",
     "MAX_LIST_PAGES",
+    "MAX_PAGE_KEYS",
+    "MAX_XML_ELEMENTS",
     "S3Context",
     "S3Object",
     "context",
@@ -107,6 +113,10 @@ MAX_LIST_PAGES = 10_000
 MAX_LIST_KEYS = 1_000_000
 #: The most bytes all the pages of one listing may add up to.
 MAX_LIST_BYTES = 1024 * 1024 * 1024
+#: The most objects one listing page may hold (S3 sends at most 1,000).
+MAX_PAGE_KEYS = 10_000
+#: The most elements one XML answer (a listing page, an error) may hold.
+MAX_XML_ELEMENTS = 100_000
 #: The most bytes of an error answer read for its ``<Code>``.
 MAX_ERROR_BODY = 64 * 1024
 
@@ -115,7 +125,6 @@ _MAX_SIZE = 2**63 - 1
 _MAX_ETAG = 1024
 _CONTEXTS_KEPT = 8
 _SIGNED = frozenset({"host", "range", "if-match", "if-range"})
-_DOCTYPE = re.compile(rb"<!\s*(?:DOCTYPE|ENTITY)", re.IGNORECASE)
 _WAY_IN = (
     "set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (and AWS_SESSION_TOKEN), or "
     "AWS_PROFILE, or pass StreamOptions(s3_credentials=...)"
@@ -463,6 +472,11 @@ def _parse_page(body: bytes, url: str, prefix: str) -> tuple[list[S3Object], str
     for el in root:
         if _local(el.tag) != "Contents":
             continue
+        if len(objects) >= MAX_PAGE_KEYS:
+            raise ResolutionError(
+                f"GET {_display(url)}: a page of more than {MAX_PAGE_KEYS} objects "
+                "(MAX_PAGE_KEYS); S3 sends at most 1,000"
+            )
         entry = {_local(child.tag): (child.text or "") for child in el}
         raw_key, size, etag = entry.get("Key"), entry.get("Size", ""), entry.get("ETag", "")
         key = unquote(raw_key) if encoded and raw_key is not None else raw_key
@@ -488,16 +502,53 @@ def _parse_page(body: bytes, url: str, prefix: str) -> tuple[list[S3Object], str
 
 
 def parse_xml(body: bytes, url: str) -> ET.Element:
-    """An S3 XML answer, parsed by the standard library after refusing DTDs and entity
-    declarations (so that nothing can expand)."""
-    if _DOCTYPE.search(body):
-        raise ResolutionError(
-            f"GET {_display(url)} answered XML with a <!DOCTYPE> or <!ENTITY>: refusing to parse it"
-        )
+    """An S3 XML answer, parsed without a DTD (so that nothing can expand) and within
+    ``MAX_XML_ELEMENTS``."""
     try:
-        return ET.fromstring(body)
-    except ET.ParseError as exc:
+        return _parse_xml(body)
+    except _Refused as exc:
+        raise ResolutionError(f"GET {_display(url)} answered XML {exc}: refusing it") from None
+    except expat.ExpatError as exc:
         raise ResolutionError(f"GET {_display(url)} answered malformed XML: {exc}") from None
+
+
+class _Refused(Exception):
+    """An XML answer that is well-formed, perhaps, but not one we parse."""
+
+
+def _parse_xml(body: bytes) -> ET.Element:
+    """``body`` as a tree, by expat in the encoding the document declares (its BOM or XML
+    declaration), refusing a ``<!DOCTYPE`` in any encoding: without one no entity is
+    declared, so the text is at most as long as the body, and that is checked too."""
+    builder = ET.TreeBuilder()
+    parser = expat.ParserCreate(namespace_separator="}")
+    elements = 0
+    chars = 0
+
+    def doctype(*_: object) -> None:
+        raise _Refused("with a <!DOCTYPE>")
+
+    def start(tag: str, attrs: dict[str, str]) -> None:
+        nonlocal elements
+        elements += 1
+        if elements > MAX_XML_ELEMENTS:
+            raise _Refused(f"of more than {MAX_XML_ELEMENTS} elements (MAX_XML_ELEMENTS)")
+        builder.start(tag, attrs)
+
+    def data(text: str) -> None:
+        nonlocal chars
+        chars += len(text)
+        if chars > len(body):
+            raise _Refused(f"whose text is longer than its {len(body)} bytes")
+        builder.data(text)
+
+    parser.StartDoctypeDeclHandler = doctype
+    parser.EntityDeclHandler = doctype  # unreachable without a DTD; refused all the same
+    parser.StartElementHandler = start
+    parser.EndElementHandler = builder.end
+    parser.CharacterDataHandler = data
+    parser.Parse(body, True)
+    return builder.close()
 
 
 def _local(tag: str) -> str:
@@ -515,11 +566,11 @@ def select(
     ctx: S3Context,
     objects: Sequence[S3Object],
     sources: Sequence[BucketSource],
-    match: Callable[[str], re.Pattern[str]],
+    match: Callable[[str], Glob],
 ) -> tuple[FileRef, ...]:
     """The files ``sources`` name among the listed ``objects`` (of one bucket), in the
     sources' order: an exact key, a folder's keys, or a glob's matches (key order).
-    ``match`` turns a glob into its regex (the resolver's, so globs match as on the Hub)."""
+    ``match`` turns a glob into its matcher (the resolver's, so globs match as on the Hub)."""
     by_key = {o.key: o for o in objects}
     files: list[FileRef] = []
     for src in sources:
@@ -581,11 +632,9 @@ def decode_listing(data: Any) -> tuple[S3Object, ...]:
 
 def error_code(body: bytes) -> tuple[str, str, str]:
     """(Code, Message, Region) of an S3 ``<Error>`` body; empty strings when it is none."""
-    if not body or _DOCTYPE.search(body):
-        return "", "", ""
     try:
-        root = ET.fromstring(body)
-    except ET.ParseError:
+        root = _parse_xml(body)
+    except (_Refused, expat.ExpatError):
         return "", "", ""
     if _local(root.tag) != "Error":
         return "", "", ""
