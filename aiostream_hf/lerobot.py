@@ -504,7 +504,7 @@ class LeRobotStream(Engine["_Batch"]):
                 _check_dataset(fingerprint, resume["dataset"])
             self._fingerprint = fingerprint
             cursor = resume.get("cursor") if resume is not None else None
-            pool = self._pool = _ReaderPool(fetcher, self._max_open)
+            pool = self._pool = _ReaderPool(fetcher, self._max_open, opts)
             try:
                 ahead = self._read_ahead(self._jobs(plan, fetcher, pool, cursor), opts)
                 try:
