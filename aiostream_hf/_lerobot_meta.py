@@ -57,6 +57,17 @@ at least the larger of ``_MAX_TABLE_BYTES`` and ``_MAX_TABLE_EXPANSION`` times i
 (by the Parquet decoder's checks on all its row groups together: their flat floor,
 ``RowGroupPlan.least_decoded``, and the values their list columns' pages announce) is
 refused as damaged. Real ones decode to a few times their size."""
+_MAX_META_BYTES = 256 * 1024 * 1024
+"""The largest metadata file read (``meta/info.json``, ``episodes.jsonl``,
+``tasks.jsonl``, ``tasks.parquet``, an episodes Parquet file), checked against its
+size before its body is read: each is read whole, and a JSON one becomes Python
+objects several times its size. Real ones are kilobytes to tens of megabytes."""
+_MAX_JSON_DEPTH = 64
+"""The deepest nesting of arrays and objects in a metadata JSON text (LeRobot's go 6
+deep), checked before ``json.loads``, whose recursion a deeper one would exhaust."""
+_JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"?', re.DOTALL)  # one pass, unterminated too
+_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
+_DEPTH_CHUNK = 1 << 20
 _MAX_TEMPLATE_FIELDS = 16
 """Most fields in a path template (LeRobot's have two to four)."""
 _MAX_PATH = 4096
@@ -208,8 +219,21 @@ async def _all(calls: Sequence[Callable[[], Awaitable[None]]]) -> None:
 # -- reading metadata -------------------------------------------------------------------
 
 
-async def _read_whole(source: ByteSource, file: FileRef) -> bytes:
+def _check_meta_size(size: int | None, path: str, label: str) -> None:
+    if size is not None and size > _MAX_META_BYTES:
+        raise DecodeError(
+            f"{label}: {path} is {size:,} bytes, over the {_MAX_META_BYTES:,} a LeRobot "
+            "metadata file may be (_lerobot_meta._MAX_META_BYTES; it is read whole): it is "
+            "damaged or not LeRobot metadata"
+        )
+
+
+async def _read_whole(source: ByteSource, file: FileRef, path: str, label: str) -> bytes:
+    """The whole file, at most ``_MAX_META_BYTES``: its size is checked before its body
+    is read (a local or listed file's at once, another's from the tail read's answer)."""
+    _check_meta_size(file.size, path, label)
     data, size = await source.read_tail(file, _WHOLE_READ)
+    _check_meta_size(size, path, label)
     if size > len(data):
         (head,) = await source.read_ranges(file, [(0, size - len(data))])
         data = head + data
@@ -221,7 +245,7 @@ async def _read_meta_file(source: ByteSource, root: _Root, path: str, what: str)
     if file is None:
         raise EntryNotFoundError(f"{root.label} has no {path}: {what}")
     try:
-        return await _read_whole(source, file)
+        return await _read_whole(source, file, path, root.label)
     except FetchError as exc:
         if exc.status == 404:
             raise EntryNotFoundError(f"{root.label} has no {path}: {what}") from exc
@@ -238,6 +262,7 @@ async def _read_parquet(
     columns: Sequence[str] | None = None,
     keep: Any = None,
     filter: pc.Expression | None = None,
+    label: str | None = None,
 ) -> pa.Table:
     """A Parquet file's selected columns (``keep(names)`` picks them), read with one tail
     read plus one request for the bytes of their row groups the tail does not hold.
@@ -245,9 +270,15 @@ async def _read_parquet(
     Read by the stream's Parquet decoder, with its checks: the table is read whole, so
     its row groups together must not surely decode past the larger of _MAX_TABLE_BYTES
     and _MAX_TABLE_EXPANSION times the file (their flat floor at the plan, and the values
-    their list columns' pages announce before decoding)."""
+    their list columns' pages announce before decoding). A metadata table (``label``
+    given: the dataset's) is also at most ``_MAX_META_BYTES`` of file, checked before
+    its footer is read and against the size that read tells."""
+    if label is not None:
+        _check_meta_size(file.size, file.path, label)
     received = Received(source)
     footer, _, _ = await read_footer(received, file, file.path)
+    if label is not None:
+        _check_meta_size(footer.file_size, file.path, label)
     if keep is not None:
         columns = keep(footer.schema.names)
     request = ReadRequest(columns=None if columns is None else tuple(columns), filter=filter)
@@ -270,7 +301,25 @@ async def _read_parquet(
     return await anyio.to_thread.run_sync(decode)
 
 
+def _check_depth(data: bytes, what: str) -> None:
+    """Refuse JSON text (``what`` names it) whose arrays and objects nest deeper than
+    ``_MAX_JSON_DEPTH``, before it is parsed. Strings are cut out first; the brackets
+    left are counted in chunks, so memory stays a few times ``_DEPTH_CHUNK``."""
+    brackets = _JSON_STRING.sub(b"", data).translate(None, _NOT_BRACKETS)
+    level = 0
+    for at in range(0, len(brackets), _DEPTH_CHUNK):
+        chunk = np.frombuffer(brackets, np.uint8, min(_DEPTH_CHUNK, len(brackets) - at), at)
+        levels = level + np.cumsum(np.where((chunk == 0x5B) | (chunk == 0x7B), 1, -1))
+        if int(levels.max()) > _MAX_JSON_DEPTH:
+            raise DecodeError(
+                f"{what} nests arrays and objects more than {_MAX_JSON_DEPTH} deep "
+                "(_lerobot_meta._MAX_JSON_DEPTH): it is damaged or not LeRobot metadata"
+            )
+        level = int(levels[-1])
+
+
 def _json(data: bytes, path: str, label: str) -> Any:
+    _check_depth(data, f"{label}: {path}")
     try:
         return json.loads(data)
     except ValueError as exc:  # not UTF-8, not JSON, or a number of over 4300 digits
@@ -278,6 +327,7 @@ def _json(data: bytes, path: str, label: str) -> Any:
 
 
 def _jsonl(data: bytes, path: str, label: str) -> list[dict[str, Any]]:
+    _check_depth(data, f"{label}: {path}")
     rows = []
     for n, line in enumerate(data.decode("utf-8", errors="replace").splitlines(), start=1):
         if not line.strip():
@@ -310,6 +360,30 @@ def _whole(row: Mapping[str, Any], key: str, where: str) -> int:
     ):
         raise DecodeError(f"{where}: {key}={value!r} is not a whole number")
     return int(value)
+
+
+def _seconds(row: Mapping[str, Any], key: str, where: str) -> float:
+    """``row[key]``, a finite number of seconds, else a DecodeError naming it."""
+    value = _need(row, key, where)
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise DecodeError(f"{where}: {key}={value!r} is not a number of seconds")
+    try:
+        seconds = float(value)
+    except OverflowError:  # an int past float's range
+        seconds = math.inf
+    if not math.isfinite(seconds):
+        raise DecodeError(f"{where}: {key}={value!r} is not a finite number of seconds")
+    return seconds
+
+
+def _task_names(row: Mapping[str, Any], where: str) -> tuple[str, ...]:
+    """``row["tasks"]``: a list of task texts (none when missing), else a DecodeError."""
+    tasks = row.get("tasks")
+    if tasks is None:
+        return ()
+    if not isinstance(tasks, (list, tuple)):
+        raise DecodeError(f"{where}: tasks={tasks!r} is not a list of task texts")
+    return tuple(str(t) for t in tasks)
 
 
 @dataclass(frozen=True)
@@ -484,6 +558,7 @@ def _task_texts(table: pa.Table, where: str) -> dict[int, str]:
     candidates: list[str] = []
     pandas_meta = (table.schema.metadata or {}).get(b"pandas")
     if pandas_meta:
+        _check_depth(pandas_meta, f"{where}: its pandas metadata")
         with contextlib.suppress(ValueError, TypeError, AttributeError):
             candidates += [
                 c for c in json.loads(pandas_meta).get("index_columns", []) if isinstance(c, str)
@@ -494,7 +569,10 @@ def _task_texts(table: pa.Table, where: str) -> dict[int, str]:
         raise DecodeError(f"{where} has no task text column (looked for {candidates})")
     texts = [str(t) for t in table.column(text).to_pylist()]
     if "task_index" in names:
-        indices = [int(i) for i in table.column("task_index").to_pylist()]
+        indices = [
+            _whole({"task_index": i}, "task_index", f"{where} (row {n})")
+            for n, i in enumerate(table.column("task_index").to_pylist())
+        ]
     else:
         indices = list(range(len(texts)))
     return dict(zip(indices, texts, strict=True))
@@ -518,7 +596,7 @@ async def _v3_meta(
     results: dict[int, pa.Table] = {}
 
     async def read(i: int, file: FileRef) -> None:
-        results[i] = await _read_parquet(source, file, keep=keep)
+        results[i] = await _read_parquet(source, file, keep=keep, label=root.label)
 
     await _all(
         [functools.partial(read, i, f) for i, f in [(-1, tasks_file), *enumerate(episode_files)]]
@@ -548,8 +626,8 @@ async def _v3_meta(
                 )
                 videos[key] = VideoSpan(
                     _video_file(root, path, e, key),
-                    float(_need(row, f"videos/{key}/from_timestamp", where)),
-                    float(_need(row, f"videos/{key}/to_timestamp", where)),
+                    _seconds(row, f"videos/{key}/from_timestamp", where),
+                    _seconds(row, f"videos/{key}/to_timestamp", where),
                 )
             length = _whole(row, "length", where)
             start = _whole(row, "dataset_from_index", where)
@@ -565,7 +643,7 @@ async def _v3_meta(
                 EpisodeInfo(
                     index=e,
                     length=length,
-                    tasks=tuple(str(t) for t in row.get("tasks") or ()),
+                    tasks=_task_names(row, where),
                     dataset_from_index=start,
                     dataset_to_index=end,
                     data_file=_data_file(root, data, e),
@@ -627,7 +705,7 @@ async def _v2_meta(
             EpisodeInfo(
                 index=e,
                 length=length,
-                tasks=tuple(str(t) for t in row.get("tasks") or ()),
+                tasks=_task_names(row, where),
                 dataset_from_index=start,
                 dataset_to_index=start + length,
                 data_file=_data_file(root, data, e),

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -24,6 +25,30 @@ from ._prefetch import Job
 
 ImageFormat: TypeAlias = Literal["uint8", "float32"]
 _SPLIT_RANGE = re.compile(r"^\s*(\d+)\s*:\s*(\d+)\s*$")
+_MAX_FRAME_SIDE = 1 << 16
+"""The largest size of a camera's frame along one axis of its ``shape`` (codecs stop at
+8K to 64K pixels); a frame has at most 4 axes."""
+
+
+def _frame_values(shape: object, where: str, key: str) -> int:
+    """The values of one frame of camera ``key``: the product of its ``shape`` in
+    ``meta/info.json`` (480 x 640 x 3 when it gives none), whose sizes must be whole
+    numbers from 1 to ``_MAX_FRAME_SIDE`` (a JSON 1e400 is infinity), else a DecodeError."""
+    if shape is None:
+        return 480 * 640 * 3
+    sizes = shape if isinstance(shape, list) and 0 < len(shape) <= 4 else None
+    if sizes is None or not all(
+        not isinstance(v, bool)
+        and isinstance(v, (int, float))
+        and 1 <= v <= _MAX_FRAME_SIDE
+        and float(v).is_integer()
+        for v in sizes
+    ):
+        raise DecodeError(
+            f"{where}: features[{key!r}].shape={shape!r} is not a frame shape (1 to 4 whole "
+            f"numbers from 1 to {_MAX_FRAME_SIDE:,}, like [480, 640, 3]): fix it in {_INFO}"
+        )
+    return math.prod(int(v) for v in sizes)
 
 
 # -- the plan: selection and the rules --------------------------------------------------
@@ -102,11 +127,7 @@ class _Plan:
             }
         frame_bytes = {}
         for key in meta.video_keys:
-            shape = meta.features[key].get("shape") or [480, 640, 3]
-            try:
-                n = int(np.prod([int(s) for s in shape]))
-            except (TypeError, ValueError):
-                n = 480 * 640 * 3
+            n = _frame_values(meta.features[key].get("shape"), f"{label} {_INFO}", key)
             frame_bytes[key] = n * (4 if image_format == "float32" else 1)
         return cls(
             meta=meta,

@@ -13,6 +13,7 @@ import anyio
 
 from ._exceptions import ClosedResourceError
 from ._models import FileRef
+from ._options import StreamOptions
 from .formats import ByteSource
 from .video import VideoReader, VideoStatistics
 
@@ -101,8 +102,11 @@ class _ReaderPool:
     already spread over the cameras, and each batch then restarts at a keyframe.)
     """
 
-    def __init__(self, source: ByteSource, limit: int) -> None:
+    def __init__(
+        self, source: ByteSource, limit: int, options: StreamOptions | None = None
+    ) -> None:
         self._source = source
+        self._options = options  # the stream's: its max_whole_video_bytes
         self._limit = limit
         self._entries: OrderedDict[str, _Entry] = OrderedDict()
         self._turns: dict[str, _Turns] = {}  # of the files with a ticket not done
@@ -158,7 +162,7 @@ class _ReaderPool:
                 raise ClosedResourceError("the video readers of this stream are closed")
             entry = self._entries.get(key)
             if entry is None:
-                entry = _Entry(VideoReader(file, fetcher=self._source))
+                entry = _Entry(VideoReader(file, fetcher=self._source, options=self._options))
                 entry.users = 1
                 self._entries[key] = entry
                 try:

@@ -52,6 +52,11 @@ class StreamOptions:
         written with ``write_page_checksum=True``): a page whose bytes changed raises
         ``DecodeError`` naming the file and row group instead of giving wrong rows.
         Pages without a CRC are read as before. False skips the check.
+    max_whole_video_bytes: the largest video file read whole into memory: one without
+        an MP4 index read by range (Matroska/WebM, fragmented MP4, an edit list or codec
+        the index reader does not take), which FFmpeg demuxes from memory. A larger one
+        raises ``DecodeError`` naming the file, checked against its size before any of
+        its body is read. The file's bytes are held once, for the reader's life.
 
     How ``s3://`` sources are reached (the ``s3`` extra; see docs/object-stores.md). Each
     defaults to the standard AWS variables and config files, as boto3 reads them:
@@ -85,6 +90,7 @@ class StreamOptions:
     cache_dir: Path | None = None
     pin_ttl: float = 10.0
     verify_checksums: bool = True
+    max_whole_video_bytes: int = 1024 * _MiB
     s3_endpoint_url: str | None = None
     s3_region: str | None = None
     s3_anonymous: bool = False
@@ -100,6 +106,7 @@ class StreamOptions:
             "prefetch_count": self.prefetch_count,
             "timeout": self.timeout,
             "backoff_max": self.backoff_max,
+            "max_whole_video_bytes": self.max_whole_video_bytes,
         }
         for name, value in positive.items():
             if not value > 0:

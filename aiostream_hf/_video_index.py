@@ -209,7 +209,11 @@ async def _read_ends(file: FileRef, source: ByteSource, stats: dict[str, Any]) -
     return reads
 
 
-async def _load(file: FileRef, source: ByteSource, stats: dict[str, Any]) -> _Indexed | _Demuxed:
+async def _load(
+    file: FileRef, source: ByteSource, stats: dict[str, Any], max_whole: int
+) -> _Indexed | _Demuxed:
+    """The file's index, or, without one, the whole file when it is at most ``max_whole``
+    bytes (``StreamOptions.max_whole_video_bytes``), checked before its body is read."""
     name = file.path
     reads = await _read_ends(file, source, stats)
     table = await _moov_at_end(reads, name)
@@ -230,6 +234,13 @@ async def _load(file: FileRef, source: ByteSource, stats: dict[str, Any]) -> _In
     if isinstance(found, SampleTable):
         # A file the first reads hold whole is kept: its frames need no request.
         return await anyio.to_thread.run_sync(_Indexed, found, reads.whole())
+    if reads.size > max_whole:
+        raise DecodeError(
+            f"{name}: {found.reason}, so it would be read whole, and it is {reads.size:,} "
+            f"bytes, over StreamOptions.max_whole_video_bytes={max_whole:,}: raise that "
+            "option, or re-mux it as an MP4 with its index "
+            "(ffmpeg -i IN -c copy -movflags faststart OUT.mp4)"
+        )
     data = await reads.get(0, reads.size)
     return await anyio.to_thread.run_sync(_Demuxed, data, found, name)
 

@@ -125,6 +125,9 @@ _BATCH_ITEMS = 16  # items whose frames are fetched with one request per video f
 _SHUFFLE_BUFFER = 1000
 _REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 _STATE_VERSION = 1
+_MAX_DELTA_S = 1e9
+"""The farthest a delta timestamp may reach, in seconds (31 years): ``round(delta * fps)``
+then fits an int64 at any ``fps`` read (at most 1e6)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -258,8 +261,20 @@ def _check_deltas(deltas: object) -> dict[str, tuple[float, ...]] | None:
             )
         numbers: list[float] = []
         for v in values:
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+            if (
+                isinstance(v, bool)
+                or not isinstance(v, (int, float))
+                or (isinstance(v, float) and not math.isfinite(v))
+            ):
                 raise SourceError(f"delta_timestamps[{key!r}] holds {v!r}: not a finite number")
+            if abs(v) > _MAX_DELTA_S:  # an int past float's range too, compared exactly
+                shown = repr(v)
+                if isinstance(v, int) and v.bit_length() > 128:  # its repr may be too long
+                    shown = f"an integer of {v.bit_length():,} bits"
+                raise SourceError(
+                    f"delta_timestamps[{key!r}] holds {shown}: more than {_MAX_DELTA_S:g} s "
+                    "away (_MAX_DELTA_S; an episode is far shorter): give seconds within it"
+                )
             numbers.append(float(v))
         checked[key] = tuple(numbers)
     return checked
@@ -504,7 +519,7 @@ class LeRobotStream(Engine["_Batch"]):
                 _check_dataset(fingerprint, resume["dataset"])
             self._fingerprint = fingerprint
             cursor = resume.get("cursor") if resume is not None else None
-            pool = self._pool = _ReaderPool(fetcher, self._max_open)
+            pool = self._pool = _ReaderPool(fetcher, self._max_open, opts)
             try:
                 ahead = self._read_ahead(self._jobs(plan, fetcher, pool, cursor), opts)
                 try:

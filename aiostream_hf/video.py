@@ -175,10 +175,12 @@ class VideoReader:
         if self._index is not None:
             return
         try:
+            from ._options import StreamOptions
+
+            max_whole = (self._options or StreamOptions()).max_whole_video_bytes
             listed = self.file.url.startswith("hf://") or is_bucket_uri(self.file.url)
             if self._source is None or listed:
                 from ._engine import open_readers
-                from ._options import StreamOptions
 
                 # Frames of one call lie in a few GOPs: merging gaps of up to 1 MiB (the
                 # stream default) would fetch the video between them.
@@ -196,7 +198,7 @@ class VideoReader:
                     self._source = readers.fetcher
                 if listed:
                     self.file = await _listed(self.file.url, readers.resolver)
-            self._index = await _load(self.file, self._source, self._stats)
+            self._index = await _load(self.file, self._source, self._stats, max_whole)
         except BaseException:
             await self.aclose()
             raise
