@@ -21,8 +21,8 @@ engine does the rest, once for every stream:
 from __future__ import annotations
 
 import contextlib
-import inspect
 import hashlib
+import inspect
 import json
 import random
 import time

@@ -26,6 +26,7 @@ from collections.abc import (
 from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
 import anyio
 import anyio.to_thread
@@ -270,7 +271,6 @@ class Stream(Engine["tuple[_Tag, Any]"]):
             "seed": self._seed,
             "rank": self._rank,
             "world_size": self._world_size,
-            "source": self._identity(),
             "files": len(self._files_order) if self._files_order is not None else None,
             "cursor": dict(self._cursor) if self._cursor is not None else None,
             "buffer": self._shuffle.state()[0] if self._shuffle is not None else [],
@@ -282,10 +282,8 @@ class Stream(Engine["tuple[_Tag, Any]"]):
         """Continue, on the next iteration, exactly where ``state`` was taken.
 
         Every field is checked here (types, ranges, the shuffle buffer's samples), and
-        the cursor again against the files and units once they are planned: a state of
-        another stream or a changed one is a ``SourceError`` naming the field. A state
-        without ``source`` (saved before states named their stream) is taken as this
-        stream's; its other fields are checked all the same."""
+        the cursor again against the files and units once they are planned: a changed
+        state is a ``SourceError`` naming the field."""
         if not isinstance(state, Mapping):
             raise SourceError(f"state is a {type(state).__name__}, not a state_dict() (a dict)")
         check_state(
@@ -294,14 +292,6 @@ class Stream(Engine["tuple[_Tag, Any]"]):
             kind=None,
             same={"seed": self._seed, "rank": self._rank, "world_size": self._world_size},
         )
-        source = state.get("source")
-        if source is not None and source != self._identity():
-            raise SourceError(
-                f"state['source'] is {source!r}, not this stream's ({self._identity()!r}): "
-                "the state is of a stream of another source or other arguments (split, "
-                "config, data_files, format, columns, filter, batch_size, output, shuffle); "
-                "resume with the same ones"
-            )
         rows = self._output == "python" and self._batch_size is None
         _check_cursor(state, self._shuffle_buffer if rows else 0)
         self._epoch = int(state["epoch"])
@@ -941,8 +931,15 @@ def _source_name(source: Any) -> Any:
             "files": [f.url for f in source.files],
         }
     if isinstance(source, (str, os.PathLike)):
-        return os.fspath(source)
-    return [os.fspath(s) for s in source]
+        return _without_host(os.fspath(source))
+    return [_without_host(os.fspath(s)) for s in source]
+
+
+def _without_host(source: str) -> str:
+    """An http(s) URL without its scheme and host, so that the same files served from
+    another host (a mirror, a test server on another port) are the same source."""
+    parts = urlsplit(source)
+    return parts.path if parts.scheme in ("http", "https") else source
 
 
 def _short(value: object) -> str:
