@@ -308,7 +308,7 @@ _GOOD_CURSOR = {"file": 1, "unit": 0, "row": 3, "done": False, "file_seq": 1}
         ({"rng": [3, [1, 2, 3], None]}, "RNG state"),
         ({"rng": "x"}, "RNG state"),
         ({"buffer": [None] * 3}, "state['buffer'][0] is None"),
-        ({"buffer": [{"id": 1}, {"text": "x"}]}, "state['buffer'][1] has the columns"),
+        ({"buffer": [{"id": 1}, [1]]}, "state['buffer'][1] is [1]"),
         ({"buffer": [{"id": 1}], "rng": None}, "state['rng'] is None"),
         ({"files": None}, "state['files'] is None"),
         ({"cursor": {**_GOOD_CURSOR, "file": 4}}, "at the end of the 4 files"),
