@@ -21,10 +21,21 @@ engine does the rest, once for every stream:
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import inspect
+import json
 import random
 import time
+import weakref
 from abc import ABC, abstractmethod
-from collections.abc import AsyncGenerator, AsyncIterator, Iterator, Mapping, Sequence
+from collections.abc import (
+    AsyncGenerator,
+    AsyncIterator,
+    Generator,
+    Iterator,
+    Mapping,
+    Sequence,
+)
 from dataclasses import asdict, dataclass, field
 from types import TracebackType
 from typing import Any, Generic, TypeVar
@@ -50,9 +61,11 @@ __all__ = [
     "ShuffleBuffer",
     "as_rng_state",
     "check_state",
+    "digest",
     "epoch_order",
     "open_readers",
     "rank_share",
+    "running_message",
     "shuffle_buffer_size",
     "state_int",
 ]
@@ -208,6 +221,13 @@ def check_state(
     state_int(state, "epoch")
 
 
+def digest(identity: object) -> str:
+    """A short name for what a stream reads, the same in every process and after JSON:
+    the hash of ``identity`` (its arguments) as JSON."""
+    text = json.dumps(identity, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
 # -- what a stream reads with --------------------------------------------------------------
 
 
@@ -307,7 +327,10 @@ class Engine(ABC, Generic[T]):
         self._epoch = 0
         self._closed = False
         self._tg: TaskGroup | None = None
-        self._iterations: list[_Iteration[T]] = []
+        # The iterations not yet over, held weakly: a loop left (``break``) lets its
+        # iteration go, and a new one may start; one still referenced is running.
+        self._iterations: weakref.WeakSet[_Iteration[T]] = weakref.WeakSet()
+        self._sync_loops: weakref.WeakSet[Generator[Any, None, None]] = weakref.WeakSet()
         self._sync_iterators: list[SyncIterator[Any]] = []
         self._started = 0.0
         self._first_sample: float | None = None
@@ -354,6 +377,15 @@ class Engine(ABC, Generic[T]):
 
     def _sample_shape(self) -> str | None:
         """None when each sample is one dict; else what one is (for a mixture's message)."""
+        return None
+
+    def _identity(self) -> str:
+        """What this stream reads (``digest`` of its arguments), which a mixture's state
+        names its members by. Subclasses add their source; this names the kind only."""
+        return digest({"kind": type(self).__name__, "seed": self._seed})
+
+    def _state_ended(self, state: Mapping[str, Any]) -> bool | None:
+        """Whether ``state`` (loaded, checked) is of a stream at its end; None: unknown."""
         return None
 
     # -- reading --------------------------------------------------------------------------
@@ -450,7 +482,7 @@ class Engine(ABC, Generic[T]):
     async def aclose(self) -> None:
         """Stop every iteration of this stream; ``async with`` then waits for its tasks."""
         self._closed = True
-        iterations, self._iterations = self._iterations, []
+        iterations, self._iterations = list(self._iterations), weakref.WeakSet()
         for it in iterations:
             it.close()
 
@@ -462,19 +494,30 @@ class Engine(ABC, Generic[T]):
                 "tasks: write `async with stream as s: async for sample in s: ...` "
                 "(or iterate it synchronously with `for sample in s`)"
             )
-        for old in self._iterations:  # one iteration at a time: the cursor is the stream's
-            old.close()
+        self._check_one_iteration()
         it: _Iteration[T] = _Iteration(self, self._tg)
-        self._iterations = [it]
+        self._iterations.add(it)
         return it
 
     def __iter__(self) -> Iterator[Any]:
         """Sync iteration: the producer runs on the process's bridge thread; samples are
         shaped on the consumer's thread, so ``state_dict()`` is exact at every one."""
         self._check_open()
-        return self._iterate_sync()
+        self._check_one_iteration()
+        loop = self._iterate_sync()
+        self._sync_loops.add(loop)
+        return loop
 
-    def _iterate_sync(self) -> Iterator[Any]:
+    def _check_one_iteration(self) -> None:
+        """One iteration at a time: the position (cursor, shuffle buffer) is the stream's,
+        so a second loop over it while the first runs would take samples from under it."""
+        running = any(not it._closed for it in self._iterations) or any(
+            inspect.getgeneratorstate(loop) != inspect.GEN_CLOSED for loop in self._sync_loops
+        )
+        if running:
+            raise UsageError(running_message(f"this {self._kind}", self._again))
+
+    def _iterate_sync(self) -> Generator[Any, None, None]:
         self._check_open()
         begun = self._begin()
         self._started = time.monotonic()
@@ -525,6 +568,42 @@ class _Failure:
         self.error = error
 
 
+def running_message(what: str, again: str) -> str:
+    """The error of a second loop started over a stream (or mixture) while one runs."""
+    return (
+        f"{what} is already being iterated: a second `async for` (or `for`) over it while "
+        "the first has not ended would take samples from under the first. Iterate it one "
+        "loop at a time (finish or leave the first loop, or close its iterator with "
+        f"aclose()/close(), before starting another), or read it twice with two: {again}"
+    )
+
+
+async def _produce(
+    engine: Engine[Any],
+    send: MemoryObjectSendStream[Any],
+    begun: Any,
+    *,
+    task_status: TaskStatus[anyio.CancelScope],
+) -> None:
+    """An iteration's producer: the loaded units of ``engine`` into ``send``, in order;
+    an error is sent too, for the consumer to raise."""
+    with anyio.CancelScope() as scope:
+        task_status.started(scope)
+        async with send:
+            units = engine._loaded_units(begun)
+            try:
+                try:
+                    async for item in units:
+                        await send.send(item)
+                finally:
+                    await units.aclose()  # on this task, which holds its scopes
+            except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+                return  # the consumer is gone
+            except Exception as exc:  # raised in the consumer, in order
+                with contextlib.suppress(anyio.BrokenResourceError):
+                    await send.send(_Failure(exc))
+
+
 class _Iteration(Generic[T]):
     """One ``async for`` over a stream: a producer task in the stream's task group loads
     units into a bounded channel; ``__anext__`` shapes them into samples on the
@@ -556,6 +635,7 @@ class _Iteration(Generic[T]):
                     return sample
                 self._samples = None
             if self._ended or self._closed:
+                self.close()  # over: another iteration may start
                 raise StopAsyncIteration
             if not self._started:
                 self._started = True
@@ -564,8 +644,10 @@ class _Iteration(Generic[T]):
                 engine._left = 0
                 # Shielded: the producer reports its scope at once, before any wait; a
                 # cancellation here would cancel it and end the iteration with nothing.
+                # The producer holds the channel, not this iteration: a loop left
+                # (``break``) lets it go at once, which closes the channel (``__del__``).
                 with anyio.CancelScope(shield=True):
-                    self._scope = await self._tg.start(self._produce, begun)
+                    self._scope = await self._tg.start(_produce, engine, self._send, begun)
             try:
                 item = await self._receive.receive()
             except anyio.EndOfStream:
@@ -578,23 +660,6 @@ class _Iteration(Generic[T]):
                 self.close()
                 raise item.error
             self._samples = engine._shape_unit(item)
-
-    async def _produce(self, begun: Any, *, task_status: TaskStatus[anyio.CancelScope]) -> None:
-        with anyio.CancelScope() as scope:
-            task_status.started(scope)
-            async with self._send as send:
-                units = self._engine._loaded_units(begun)
-                try:
-                    try:
-                        async for item in units:
-                            await send.send(item)
-                    finally:
-                        await units.aclose()  # on this task, which holds its scopes
-                except (anyio.BrokenResourceError, anyio.ClosedResourceError):
-                    return  # the consumer is gone
-                except Exception as exc:  # raised in the consumer, in order
-                    with contextlib.suppress(anyio.BrokenResourceError):
-                        await send.send(_Failure(exc))
 
     def close(self) -> None:
         """Stop this iteration: its producer is cancelled, its channel closed."""

@@ -44,7 +44,9 @@ the members synchronously, each through the bridge.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import math
+import weakref
 from collections.abc import AsyncIterator, Generator, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from numbers import Real
@@ -54,7 +56,7 @@ from typing import Any, Literal, Protocol
 import anyio
 import numpy as np
 
-from ._engine import Engine, check_state, state_int
+from ._engine import Engine, check_state, digest, running_message, state_int
 from ._exceptions import ClosedResourceError, SourceError, UsageError
 
 __all__ = ["Mix", "MixStatistics", "mix"]
@@ -62,7 +64,9 @@ __all__ = ["Mix", "MixStatistics", "mix"]
 Stop = Literal["first_exhausted", "all_exhausted"]
 _STOPS = ("first_exhausted", "all_exhausted")
 _BATCH = 1000  # draws per call of the generator, as datasets makes them
-_STATE_VERSION = 1
+# 2: a state names its members (``streams``), so that it loads only into a mixture of the
+# same streams in the same order; a state of version 1 does not, and is refused.
+_STATE_VERSION = 2
 _END = object()  # a member ended (what a pull gives instead of a sample)
 _STOP = object()  # the mixture ended
 
@@ -95,6 +99,15 @@ class _Member(Protocol):
     def _holds_more(self) -> bool: ...
 
     def _sample_shape(self) -> str | None: ...
+
+    def _identity(self) -> str: ...
+
+    def _state_ended(self, state: Mapping[str, Any]) -> bool | None: ...
+
+
+# The mixture each stream (or mixture) is a member of, while that mixture lives: a stream
+# read by two mixtures would have its position moved by both, and give samples twice.
+_MIXTURE_OF: weakref.WeakKeyDictionary[Any, weakref.ref[Mix]] = weakref.WeakKeyDictionary()
 
 
 @dataclass(frozen=True)
@@ -161,13 +174,17 @@ class Mix:
             raise SourceError(f"seed={seed!r}: give a whole number >= 0")
         self._members: list[_Member] = _check_members(streams, what)
         self._weights = _check_weights(weights, len(self._members), stop, what)
+        for m in self._members:
+            _MIXTURE_OF[m] = weakref.ref(self)
         self._seed = seed
         self._stop: Stop = stop
         self._consumer = consumer
         self._epoch = 0
         self._closed = False
         self._stack: contextlib.AsyncExitStack | None = None
-        self._iteration: _MixIteration | None = None
+        # The running ``async for``, held weakly: a loop left (``break``) lets it go.
+        self._iteration: weakref.ref[_MixIteration] | None = None
+        self._sync_loops: weakref.WeakSet[Generator[Any, None, None]] = weakref.WeakSet()
         self._generation = 0  # of the running iteration: a new one stops the old
         self._resume: dict[str, Any] | None = None
         self._fresh()
@@ -192,6 +209,21 @@ class Mix:
 
     def _sample_shape(self) -> str | None:
         return None
+
+    def _identity(self) -> str:
+        """What this mixture is: its members' identities, weights, seed and stop."""
+        return digest(
+            {
+                "mix": [m._identity() for m in self._members],
+                "weights": list(self._weights) if self._weights is not None else None,
+                "seed": self._seed,
+                "stop": self._stop,
+            }
+        )
+
+    def _state_ended(self, state: Mapping[str, Any]) -> bool | None:
+        """Whether ``state`` (checked) is of a mixture that has ended."""
+        return bool(state.get("ended"))
 
     # -- observing and resuming -----------------------------------------------------------
 
@@ -221,6 +253,7 @@ class Mix:
             "stop": self._stop,
             "weights": list(self._weights) if self._weights is not None else None,
             "consumer": self._consumer,
+            "streams": [m._identity() for m in self._members],
             "rng": draws.start,
             "offset": draws.offset,
             "exhausted": list(self._exhausted),
@@ -237,7 +270,8 @@ class Mix:
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Continue, on the next iteration, exactly where ``state`` was taken: the same
         draws, every member at its position. A state of another mixture (other seed,
-        stop, weights or members) or a changed one is a ``SourceError`` naming the field."""
+        stop, weights, or other members or the same in another order), of another version,
+        or a changed one is a ``SourceError`` naming the field."""
         if not isinstance(state, Mapping):
             raise SourceError(f"state is a {type(state).__name__}, not a state_dict() (a dict)")
         n = len(self._members)
@@ -258,16 +292,25 @@ class Mix:
                 f"state['members'] is {_short(members)}, not a list of {n} states (one per "
                 "member): load a state_dict() of a mixture of as many streams"
             )
+        _check_streams(state.get("streams"), [m._identity() for m in self._members])
         _check_draws_state(state, n, self._stop)
+        for i, member_state in enumerate(members):
+            if not isinstance(member_state, Mapping):
+                raise SourceError(
+                    f"state['members'][{i}] is a {type(member_state).__name__}, "
+                    "not a stream's state_dict()"
+                )
         before = [m.state_dict() for m in self._members]
         try:
             for i, (m, member_state) in enumerate(zip(self._members, members, strict=True)):
-                if not isinstance(member_state, Mapping):
-                    raise SourceError(
-                        f"state['members'][{i}] is a {type(member_state).__name__}, "
-                        "not a stream's state_dict()"
-                    )
                 m.load_state_dict(member_state)
+                ended = m._state_ended(member_state)
+                if state["exhausted"][i] and ended is False:
+                    raise SourceError(
+                        f"state['exhausted'][{i}] is True but state['members'][{i}] is not "
+                        "at its end: its samples left would be lost; load a state_dict() of "
+                        "this mixture, unchanged"
+                    )
         except BaseException:
             for m, old in zip(self._members, before, strict=True):
                 with contextlib.suppress(SourceError):
@@ -372,9 +415,10 @@ class Mix:
         """Stop this mixture's iteration and every member; ``async with`` then waits for
         their tasks."""
         self._closed = True
-        if self._iteration is not None:
-            self._iteration.close()
-            self._iteration = None
+        running = self._running()
+        if running is not None:
+            running.close()
+        self._iteration = None
         for m in self._members:
             await m.aclose()
 
@@ -401,18 +445,33 @@ class Mix:
                 "`async with ash.mix(...) as m: async for sample in m: ...` (or iterate it "
                 "synchronously with `for sample in m`)"
             )
-        if self._iteration is not None:  # one iteration at a time: the draws are the mixture's
-            self._iteration.close()
-        self._iteration = _MixIteration(self, [aiter(m) for m in self._members])
-        return self._iteration
+        self._check_one_iteration()
+        iteration = _MixIteration(self, [aiter(m) for m in self._members])
+        self._iteration = weakref.ref(iteration)
+        return iteration
 
     def __iter__(self) -> Iterator[Any]:
         """Sync iteration: each member runs on the bridge thread; the draws are made on the
         consumer's thread, so ``state_dict()`` is exact at every sample."""
         self._check_open()
-        return self._iterate_sync()
+        self._check_one_iteration()
+        loop = self._iterate_sync()
+        self._sync_loops.add(loop)
+        return loop
 
-    def _iterate_sync(self) -> Iterator[Any]:
+    def _running(self) -> _MixIteration | None:
+        it = self._iteration() if self._iteration is not None else None
+        return it if it is not None and not it._closed else None
+
+    def _check_one_iteration(self) -> None:
+        """One iteration at a time: the draws and the members' positions are the
+        mixture's, so a second loop while the first runs would take samples from it."""
+        if self._running() is not None or any(
+            inspect.getgeneratorstate(loop) != inspect.GEN_CLOSED for loop in self._sync_loops
+        ):
+            raise UsageError(running_message("this mixture", "call mix(...) again"))
+
+    def _iterate_sync(self) -> Generator[Any, None, None]:
         generation = self._begin()
         members = [iter(m) for m in self._members]
         try:
@@ -454,6 +513,7 @@ class _MixIteration:
         if self._generation is None and not self._closed:
             self._generation = mix._begin()
         if self._closed or mix._generation != self._generation:
+            self.close()
             raise StopAsyncIteration
         steps = mix._step()
         try:
@@ -595,10 +655,52 @@ def _check_members(streams: object, what: str) -> list[_Member]:
                     f"{what}[{i}] is {what}[{j}]: each member must be a stream of its own "
                     "(make another with the same arguments)"
                 )
+            if m in _tree(other) or other in _tree(m):
+                inner, outer = (i, j) if m in _tree(other) else (j, i)
+                raise SourceError(
+                    f"{what}[{inner}] is also inside {what}[{outer}] (a mixture): a stream "
+                    "is read by one mixture only, else its samples come twice; make another "
+                    "with the same arguments"
+                )
+        owner = _MIXTURE_OF.get(m)
+        mixture = owner() if owner is not None else None
+        if mixture is not None and not mixture._closed:
+            raise SourceError(
+                f"{what}[{i}] is already a member of another mixture: a stream is read by "
+                "one mixture only (both would move its position, and samples would come "
+                "twice or never); make another stream with the same arguments"
+            )
         members.append(m)
     if not members:
         raise SourceError(f"{what} is empty: a mixture needs at least one stream")
     return members
+
+
+def _tree(member: object) -> list[object]:
+    """Every stream and mixture inside ``member`` (a mixture), at any depth."""
+    if not isinstance(member, Mix):
+        return []
+    found: list[object] = []
+    for m in member._members:
+        found += [m, *_tree(m)]
+    return found
+
+
+def _check_streams(saved: object, mine: list[str]) -> None:
+    """The members a state was saved over are this mixture's, in the same order."""
+    if not isinstance(saved, list) or len(saved) != len(mine):
+        raise SourceError(
+            f"state['streams'] is {_short(saved)}, not the {len(mine)} members' identities "
+            "a mixture saves: load a state_dict() of this mixture, unchanged"
+        )
+    for i, (theirs, ours) in enumerate(zip(saved, mine, strict=True)):
+        if theirs != ours:
+            where = f" (it is this mixture's member {mine.index(theirs)})" if theirs in mine else ""
+            raise SourceError(
+                f"state['streams'][{i}] is {theirs!r}, not this mixture's member {i} "
+                f"({ours!r}){where}: the state is of another mixture; load it into a mixture "
+                "of the same streams, with the same arguments, in the same order"
+            )
 
 
 def _check_weights(weights: object, count: int, stop: str, what: str) -> tuple[float, ...] | None:
@@ -665,6 +767,12 @@ def _check_draws_state(state: Mapping[str, Any], count: int, stop: str) -> None:
         raise SourceError(
             "state['exhausted'] says the mixture has ended but state['ended'] does not: "
             "load a state_dict() of this mixture, unchanged"
+        )
+    if ended and not over:
+        raise SourceError(
+            f"state['ended'] is True but state['exhausted'] is {state['exhausted']!r}: the "
+            "samples of the members left would be lost; load a state_dict() of this "
+            "mixture, unchanged"
         )
     last = state.get("last")
     if last is not None and (

@@ -26,6 +26,7 @@ from collections.abc import (
 from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
 import anyio
 import anyio.to_thread
@@ -40,6 +41,7 @@ from ._engine import (
     ShuffleBuffer,
     as_rng_state,
     check_state,
+    digest,
     epoch_order,
     rank_share,
     shuffle_buffer_size,
@@ -277,7 +279,11 @@ class Stream(Engine["tuple[_Tag, Any]"]):
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Continue, on the next iteration, exactly where ``state`` was taken."""
+        """Continue, on the next iteration, exactly where ``state`` was taken.
+
+        Every field is checked here (types, ranges, the shuffle buffer's samples), and
+        the cursor again against the files and units once they are planned: a changed
+        state is a ``SourceError`` naming the field."""
         if not isinstance(state, Mapping):
             raise SourceError(f"state is a {type(state).__name__}, not a state_dict() (a dict)")
         check_state(
@@ -286,7 +292,8 @@ class Stream(Engine["tuple[_Tag, Any]"]):
             kind=None,
             same={"seed": self._seed, "rank": self._rank, "world_size": self._world_size},
         )
-        _check_cursor(state, self._shuffle_buffer)
+        rows = self._output == "python" and self._batch_size is None
+        _check_cursor(state, self._shuffle_buffer if rows else 0)
         self._epoch = int(state["epoch"])
         self._resume = dict(state)
         self._samples = int(state.get("samples") or 0)
@@ -373,6 +380,8 @@ class Stream(Engine["tuple[_Tag, Any]"]):
                     read = partial(_read_head, received, file, start, end)
                     yield Job(end - start, read, group=0, more_in_group=True, grows=False)
                 async for pos, units in planned:
+                    if cursor is not None and pos == cursor["file"]:
+                        _check_unit(cursor, files[pos], units)
                     self._files += 1
                     file_seq = seq
                     last = units[-1] if units else None
@@ -505,6 +514,13 @@ class Stream(Engine["tuple[_Tag, Any]"]):
                 if cursor is not None and pos == cursor["file"]:
                     if cursor["done"]:
                         continue
+                    size, offset = file_at(pos).size, cursor.get("offset")
+                    if size is not None and offset is not None and offset > size:
+                        raise SourceError(
+                            f"state['cursor']['offset'] is {offset}, past the {size} bytes "
+                            f"of {file_at(pos).url}: load a state_dict() of this stream, "
+                            "unchanged"
+                        )
                     start = Position(cursor.get("offset"), cursor.get("skip", 0), cursor["row"])
                 yield partial(self._lane, decoder, file_at(pos), fetcher, request, start, pos)
 
@@ -609,6 +625,12 @@ class Stream(Engine["tuple[_Tag, Any]"]):
 
     def _decode(self, decoder: Decoder[Any], unit: Unit, fetched: Any, tag: _Tag) -> Any:
         table = decoder.decode(unit, fetched, self._request)
+        if tag.offset > len(table):  # a resumed unit: its rows taken are at most its rows
+            raise SourceError(
+                f"state['cursor']['row'] is {tag.offset}, past the {len(table)} rows of "
+                f"{unit.file.url}, unit {unit.index}: the state is of another stream or was "
+                "changed; load a state_dict() of this stream, unchanged"
+            )
         if self._shuffle_buffer and self._output == "arrow" and table.num_rows > 1:
             rng = random.Random(f"{self._seed}:{self._epoch}:{unit.file.url}:{unit.index}")
             order = list(range(table.num_rows))
@@ -683,6 +705,31 @@ class Stream(Engine["tuple[_Tag, Any]"]):
         """Rows of the unit being taken still to come, or samples in the shuffle buffer
         (which all come out, at the latest when it drains)."""
         return self._left > 0 or (self._shuffle is not None and len(self._shuffle) > 0)
+
+    def _identity(self) -> str:
+        """What this stream reads, by the arguments that decide its samples and their
+        order (seed, rank and world_size are checked on their own)."""
+        fmt = self._format
+        return digest(
+            {
+                "source": _source_name(self._source),
+                "split": self._split,
+                "config": self._config,
+                "data_files": self._data_files,
+                "format": fmt if fmt is None or isinstance(fmt, str) else fmt.name,
+                "columns": self._request.columns,
+                "filter": None if self._request.filter is None else str(self._request.filter),
+                "batch_size": self._batch_size,
+                "output": self._output,
+                "shuffle": self._shuffle_buffer,
+            }
+        )
+
+    def _state_ended(self, state: Mapping[str, Any]) -> bool | None:
+        cursor, files = state.get("cursor"), state.get("files")
+        if cursor is None or files is None:
+            return False
+        return bool(cursor["file"] >= files and not state.get("buffer"))
 
     def _sample_shape(self) -> str | None:
         if self._batch_size is not None:
@@ -813,16 +860,83 @@ def _check_cursor(state: Mapping[str, Any], shuffle_buffer: int) -> None:
                 f"{where}['file'] is {cursor['file']}, past the {files} files the state was "
                 "saved over: load a state_dict() of this stream, unchanged"
             )
+        if files is not None and cursor["file"] == files and (cursor["unit"] or cursor["row"]):
+            raise SourceError(
+                f"{where} is at the end of the {files} files but its 'unit' or 'row' is not "
+                "0: load a state_dict() of this stream, unchanged"
+            )
+        if files is None:
+            raise SourceError(
+                "state['files'] is None but state['cursor'] is set: a stream saves the files "
+                "it read with its cursor; load a state_dict() of this stream, unchanged"
+            )
     buffer = state.get("buffer")
     if buffer is not None and not isinstance(buffer, list):
         raise SourceError(f"state['buffer'] is a {type(buffer).__name__}, not a list")
     if buffer and len(buffer) > shuffle_buffer:
         raise SourceError(
             f"state['buffer'] holds {len(buffer)} samples, more than this stream's shuffle "
-            f"buffer ({shuffle_buffer}): resume with the same shuffle="
+            f"buffer ({shuffle_buffer}; none without shuffle=, or with batch_size= or "
+            "output='arrow'): resume with the same arguments"
         )
+    if buffer:
+        _check_buffer(buffer)
+        if state.get("rng") is None:
+            raise SourceError(
+                "state['rng'] is None but state['buffer'] holds samples: load a state_dict() "
+                "of this stream, unchanged"
+            )
     if state.get("rng") is not None:
         as_rng_state(state["rng"])
+
+
+def _check_buffer(buffer: list[Any]) -> None:
+    """The shuffle buffer's samples: dicts of names (columns, or a TAR sample's keys,
+    which may differ from sample to sample)."""
+    for i, row in enumerate(buffer):
+        if not isinstance(row, dict) or not all(isinstance(k, str) for k in row):
+            raise SourceError(
+                f"state['buffer'][{i}] is {_short(row)}, not a sample (a dict of column "
+                "names): load a state_dict() of this stream, unchanged"
+            )
+
+
+def _check_unit(cursor: Mapping[str, Any], file: FileRef, units: Sequence[Unit]) -> None:
+    """A resumed file's cursor against its plan: the unit it names is one of its units."""
+    last = max((u.index for u in units), default=0)
+    if cursor["unit"] > last:
+        raise SourceError(
+            f"state['cursor']['unit'] is {cursor['unit']}, past the last unit ({last}) of "
+            f"{file.url}: the state is of another stream or was changed; load a "
+            "state_dict() of this stream, unchanged"
+        )
+
+
+def _source_name(source: Any) -> Any:
+    """A stream's ``source`` as JSON: its strings, or a manifest's repo and files."""
+    if isinstance(source, Manifest):
+        return {
+            "repo": source.repo_id,
+            "commit": source.commit,
+            "config": source.config,
+            "split": source.split,
+            "files": [f.url for f in source.files],
+        }
+    if isinstance(source, (str, os.PathLike)):
+        return _without_host(os.fspath(source))
+    return [_without_host(os.fspath(s)) for s in source]
+
+
+def _without_host(source: str) -> str:
+    """An http(s) URL without its scheme and host, so that the same files served from
+    another host (a mirror, a test server on another port) are the same source."""
+    parts = urlsplit(source)
+    return parts.path if parts.scheme in ("http", "https") else source
+
+
+def _short(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def _sequential(decoders: Any) -> SequentialDecoder[Any] | None:

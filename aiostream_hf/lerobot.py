@@ -82,6 +82,7 @@ from ._engine import (
     EngineStatistics,
     ShuffleBuffer,
     check_state,
+    digest,
     open_readers,
     rank_share,
     shuffle_buffer_size,
@@ -403,6 +404,22 @@ class LeRobotStream(Engine["_Batch"]):
         )
 
     # -- resume ------------------------------------------------------------------------
+
+    def _identity(self) -> str:
+        """What this stream reads (for a mixture's state; its own carries ``dataset``)."""
+        source = self._source
+        where = self._meta.source if self._meta is not None else getattr(source, "uri", source)
+        return digest(
+            {
+                "lerobot": where,
+                "split": self._split,
+                "episodes": self._episodes,
+                "deltas": self._deltas,
+                "image_format": self._image_format,
+                "batch_items": self._batch_items,
+                "shuffle": self._shuffle_buffer,
+            }
+        )
 
     def state_dict(self) -> dict[str, Any]:
         """The exact position of this stream: load it into a new stream to go on from here.

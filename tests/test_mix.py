@@ -414,6 +414,82 @@ def test_a_mixture_within_a_mixture(small: list[Path]) -> None:
     assert head + _ids(resumed) == straight
 
 
+@pytest.mark.anyio
+async def test_a_stream_in_two_mixtures_is_refused(small: list[Path]) -> None:
+    # One stream read by two mixtures had its position moved by both: samples came twice.
+    a, b, c = _members(small)
+    inner = ash.mix([a, b], seed=1, stop="all_exhausted")
+    with pytest.raises(ash.SourceError, match=r"streams\[1\] is also inside streams\[0\]"):
+        ash.mix([inner, a])
+    with pytest.raises(ash.SourceError, match=r"streams\[0\] is already a member of another"):
+        ash.mix([b, c])
+    with pytest.raises(ash.SourceError, match=r"streams\[0\] is already a member of another"):
+        ash.mix([ash.mix([a, c]), c])
+    ids = await _ids_async(ash.mix([inner, c], seed=2, stop="all_exhausted"))
+    assert Counter(ids) == Counter(i * SPAN + k for i, n in enumerate(SIZES) for k in range(n))
+
+
+@pytest.mark.anyio
+async def test_a_state_loads_only_into_the_same_mixture(small: list[Path]) -> None:
+    def make(order: tuple[int, int] = (0, 1)) -> ash.Mix:
+        members = _members(small)
+        return ash.mix([members[i] for i in order], seed=4, stop="all_exhausted")
+
+    first = make()
+    async with first:
+        async for _ in first:
+            if first.statistics().samples == 500:
+                break
+        state = json.loads(json.dumps(first.state_dict()))
+    # Members in another order: their states would load into each other's streams.
+    with pytest.raises(ash.SourceError, match=r"state\['streams'\]\[0\].*member 1"):
+        make((1, 0)).load_state_dict(state)
+    # Flags the members' states deny: the samples left would be lost.
+    with pytest.raises(ash.SourceError, match=r"state\['ended'\] is True"):
+        make().load_state_dict({**state, "ended": True})
+    with pytest.raises(ash.SourceError, match=r"state\['exhausted'\]\[0\] is True but"):
+        make().load_state_dict({**state, "exhausted": [True, False]})
+    # A state of version 1 names no members: it might be of another order.
+    older = {k: v for k, v in state.items() if k != "streams"}
+    with pytest.raises(ash.SourceError, match="state version 1 is not 2"):
+        make().load_state_dict({**older, "version": 1})
+    again = make()
+    again.load_state_dict(state)
+    rest = await _ids_async(again)
+    assert len(rest) == SIZES[0] + SIZES[1] - 500
+
+
+@pytest.mark.anyio
+async def test_a_second_loop_while_one_runs_is_refused(small: list[Path]) -> None:
+    # A second `async for` used to end the first silently.
+    m = ash.mix(_members(small)[:2], seed=3, stop="all_exhausted")
+    head: list[int] = []
+    async with m:
+        async for sample in m:
+            head.append(int(sample["id"]))
+            if len(head) == 10:
+                with pytest.raises(ash.UsageError, match="already being iterated.*one loop"):
+                    async for _ in m:
+                        pass
+                with pytest.raises(ash.UsageError, match="already being iterated"):
+                    iter(m)
+                with pytest.raises(ash.UsageError, match="already being iterated"):
+                    aiter(m._members[0])
+            if len(head) == 20:
+                break
+        # The first loop was left: a new one may start (from the epoch's start).
+        again = [int(s["id"]) async for s in m]
+    assert again[:20] == head
+    assert sorted(again) == [i * SPAN + k for i in range(2) for k in range(SIZES[i])]
+    sync = ash.mix(_members(small)[:2])
+    outer = iter(sync)
+    next(outer)
+    with pytest.raises(ash.UsageError, match="already being iterated"):
+        iter(sync)
+    outer.close()
+    assert next(iter(sync))
+
+
 # -- formats -----------------------------------------------------------------------------------
 
 
@@ -544,7 +620,7 @@ def _tamper(state: dict[str, Any], path: tuple[Any, ...], value: Any) -> dict[st
 
 
 TAMPERED = [
-    (("version",), 2, "state version 2"),
+    (("version",), 1, "state version 1"),
     (("kind",), None, "not a mixture"),
     (("seed",), 10, "seed=10"),
     (("stop",), "all_exhausted", "stop='all_exhausted'"),
@@ -568,6 +644,10 @@ TAMPERED = [
     (("members",), [None, None], r"state\['members'\] is \[None, None\], not a list of 3"),
     (("members", 1), [], r"state\['members'\]\[1\] is a list"),
     (("members", 2, "cursor", "file"), "x", r"state\['cursor'\]\['file'\]"),
+    (("members", 2, "files"), None, r"state\['files'\] is None but state\['cursor'\]"),
+    (("ended",), True, r"state\['ended'\] is True"),
+    (("streams",), None, r"state\['streams'\]"),
+    (("streams", 0), "0123456789abcdef", r"state\['streams'\]\[0\]"),
 ]
 
 

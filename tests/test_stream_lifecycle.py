@@ -157,13 +157,17 @@ async def test_a_next_cancelled_where_it_waits_loses_no_sample(
     assert sorted(got) == list(range(ROWS))
 
 
-async def test_a_new_loop_restarts_and_the_old_one_stops(hub: HubServer, tmp_path: Path) -> None:
+async def test_a_new_loop_waits_for_the_old_one_to_be_closed(
+    hub: HubServer, tmp_path: Path
+) -> None:
     async with _stream(hub, tmp_path) as s:
         first = aiter(s)
         await anext(first)
-        rows = [row["id"] async for row in s]
-        with pytest.raises(StopAsyncIteration):
-            await anext(first)  # replaced by the second loop
+        with pytest.raises(ash.UsageError, match="already being iterated"):
+            [row["id"] async for row in s]  # it used to end the first one silently
+        await anext(first)  # which goes on
+        await first.aclose()
+        rows = [row["id"] async for row in s]  # a new loop restarts
     assert sorted(rows) == list(range(ROWS))
 
 

@@ -307,6 +307,11 @@ _GOOD_CURSOR = {"file": 1, "unit": 0, "row": 3, "done": False, "file_seq": 1}
         ({"buffer": list(range(100))}, "more than this stream's shuffle buffer"),
         ({"rng": [3, [1, 2, 3], None]}, "RNG state"),
         ({"rng": "x"}, "RNG state"),
+        ({"buffer": [None] * 3}, "state['buffer'][0] is None"),
+        ({"buffer": [{"id": 1}, [1]]}, "state['buffer'][1] is [1]"),
+        ({"buffer": [{"id": 1}], "rng": None}, "state['rng'] is None"),
+        ({"files": None}, "state['files'] is None"),
+        ({"cursor": {**_GOOD_CURSOR, "file": 4}}, "at the end of the 4 files"),
     ],
 )
 def test_a_tampered_state_is_refused_naming_the_field(
@@ -320,3 +325,48 @@ def test_a_tampered_state_is_refused_naming_the_field(
     with pytest.raises(ash.SourceError) as info:
         ash.stream(str(path), shuffle=10).load_state_dict({**good, **change})
     assert named in str(info.value)
+
+
+def _state(path: Path, cursor: dict[str, Any]) -> dict[str, Any]:
+    state = ash.stream(str(path)).state_dict()
+    return {**state, "files": 1, "cursor": {"done": False, "file_seq": 0, **cursor}}
+
+
+async def test_a_cursor_past_the_plan_is_refused_naming_the_field(tmp_path: Path) -> None:
+    # Such a cursor was taken as the stream's end (or a unit's): its rows were lost.
+    path = tmp_path / "t.parquet"
+    make_text_parquet(path, rows=10, row_group_size=5)  # two units of 5 rows
+    for cursor, named in [
+        ({"file": 0, "unit": 10**9, "row": 0}, r"state\['cursor'\]\['unit'\] is 1000000000"),
+        ({"file": 0, "unit": 1, "row": 6}, r"state\['cursor'\]\['row'\] is 6, past the 5"),
+    ]:
+        s = ash.stream(str(path))
+        s.load_state_dict(_state(path, cursor))
+        async with s:
+            with pytest.raises(ash.SourceError, match=named):
+                await _take(s, None)
+    s = ash.stream(str(path))
+    s.load_state_dict(_state(path, {"file": 0, "unit": 1, "row": 2}))
+    async with s:
+        assert await _take(s, None) == [7, 8, 9]
+
+
+async def test_a_second_loop_over_a_stream_while_one_runs_is_refused(tmp_path: Path) -> None:
+    # A second `async for` used to end the first silently.
+    path = tmp_path / "t.parquet"
+    make_text_parquet(path, rows=10, row_group_size=5)
+    async with ash.stream(str(path)) as s:
+        head = []
+        async for row in s:
+            head.append(row["id"])
+            if len(head) == 3:
+                with pytest.raises(ash.UsageError, match="already being iterated.*call stream"):
+                    async for _ in s:
+                        pass
+                with pytest.raises(ash.UsageError, match="already being iterated"):
+                    iter(s)
+                break
+        assert head == [0, 1, 2]
+        # The first loop was left: a new one may start (from the epoch's start).
+        assert await _take(s, None) == list(range(10))
+        assert await _take(s, None) == list(range(10))  # and after one that ended
