@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import os
 import platform
 import sys
@@ -54,6 +55,62 @@ def main() -> None:
     """Stream datasets from the Hugging Face Hub and HTTP object stores."""
 
 
+class _FiniteFloat(click.FloatRange):
+    """A number in a range, and finite: ``nan``, ``inf`` and ``-inf`` are refused (they
+    pass click's own range checks, comparing false to every bound)."""
+
+    name = "finite float"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number.", param, ctx)
+        return number
+
+
+#: A TCP port: 0 (a free one) to 65535.
+_PORT = click.IntRange(0, 65535)
+
+
+def _writable(path: Path, what: str, *, folder: bool = False) -> None:
+    """Fail now, before any work, with one line naming ``path``, when ``what`` (a file,
+    or a folder with ``folder``) cannot be made there: its parent folder missing, not a
+    folder, or not writable; the path itself of the other kind or not writable."""
+    if path.exists():
+        if path.is_dir() != folder:
+            kind = "a folder" if path.is_dir() else "not a folder"
+            raise click.ClickException(f"cannot write {what} to {str(path)!r}: it is {kind}")
+        if not os.access(path, os.W_OK):
+            raise click.ClickException(f"cannot write {what} to {str(path)!r}: not writable")
+        return
+    parent = path.absolute().parent
+    if folder:  # a folder is made with its parents: the nearest existing one decides
+        while not parent.exists() and parent != parent.parent:
+            parent = parent.parent
+    if not parent.exists():
+        raise click.ClickException(
+            f"cannot write {what} to {str(path)!r}: its folder {str(parent)!r} does not exist"
+        )
+    if not parent.is_dir():
+        raise click.ClickException(
+            f"cannot write {what} to {str(path)!r}: {str(parent)!r} is not a folder"
+        )
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise click.ClickException(
+            f"cannot write {what} to {str(path)!r}: its folder {str(parent)!r} is not writable"
+        )
+
+
+def _write(path: Path, what: str, write: Callable[[], object]) -> None:
+    """``write()``, an OSError (a file that takes no writes, like /proc/version; a full
+    disk) as one line naming ``path``."""
+    try:
+        write()
+    except OSError as exc:
+        reason = exc.strerror or str(exc)
+        raise click.ClickException(f"cannot write {what} to {str(path)!r}: {reason}") from exc
+
+
 #: The CLI's patience, as huggingface_hub's own (HF_HUB_DOWNLOAD_TIMEOUT's 10 s, its
 #: http_backoff's 5 retries), shorter than a stream's defaults: an endpoint that accepts
 #: connections and never answers fails ``ls`` in about a minute, with a warning per retry.
@@ -82,7 +139,7 @@ def _hub_options(command: F) -> F:
     )(wrapped)
     wrapped = click.option(
         "--timeout",
-        type=click.FloatRange(min=0, min_open=True),
+        type=_FiniteFloat(min=0, min_open=True),
         default=DEFAULT_TIMEOUT_S,
         show_default=True,
         metavar="SECONDS",
@@ -366,7 +423,13 @@ async def _resolve_all(
 @_columns_option
 @click.option("--split", help="The split to read (default: every split, in order).")
 @click.option("--config", help="The config to read (default: the dataset's default).")
-@click.option("--width", default=100, show_default=True, help="Cut values longer than this.")
+@click.option(
+    "--width",
+    default=100,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="Cut values longer than this.",
+)
 @_hub_options
 def head(
     source: str,
@@ -667,7 +730,7 @@ def _timestamps(ctx: click.Context, param: click.Parameter, value: str) -> list[
         raise click.BadParameter(
             f"{value!r}: give seconds separated by commas, e.g. 1.0,2.5"
         ) from None
-    if not times or any(t < 0 for t in times):
+    if not times or any(not (math.isfinite(t) and t >= 0) for t in times):
         raise click.BadParameter(f"{value!r}: give seconds >= 0 separated by commas, e.g. 1.0,2.5")
     return times
 
@@ -694,7 +757,7 @@ def _timestamps(ctx: click.Context, param: click.Parameter, value: str) -> list[
 )
 @click.option(
     "--tolerance",
-    type=click.FloatRange(min=0),
+    type=_FiniteFloat(min=0),
     help="Take the nearest frame within these seconds (default: the frame on screen).",
 )
 @_hub_options
@@ -724,10 +787,12 @@ def frames(
         check_source(url)  # a URL that cannot name one video is a usage error, at once
     except SourceError as exc:
         raise click.BadParameter(str(exc), param_hint="URL") from exc
+    _writable(out, "the contact sheet")
     # Frames far apart are read as separate concurrent ranges, not one span with holes.
     options = _options(no_sign_request, timeout, retries, coalesce_gap=64 * 1024)
     result = run(_frames, url, at, tolerance, endpoint, token, options)
-    write_png(out, contact_sheet(result["data"], columns=cols))
+    sheet = contact_sheet(result["data"], columns=cols)
+    _write(out, "the contact sheet", lambda: write_png(out, sheet))
     click.echo(
         f"wrote {out}: {len(result['pts'])} frames of {result['width']}x{result['height']} "
         f"{result['codec']} at {', '.join(f'{t:.3f}' for t in result['pts'])} s"
@@ -799,6 +864,10 @@ def demo(out: Path | None, quick: bool, compare: bool, as_json: Path | None) -> 
     """
     from ._demo import run_demo
 
+    if out is not None:
+        _writable(out, "the demo's data", folder=True)
+    if as_json is not None:
+        _writable(as_json, "the JSON results")
     report = run_demo(
         out, quick=quick, compare=compare, log=lambda line: click.echo(line, err=True)
     )
@@ -809,7 +878,8 @@ def demo(out: Path | None, quick: bool, compare: bool, as_json: Path | None) -> 
     click.echo(f"- contact sheet: {report.contact_sheet}")
     click.echo(f"- data: {report.out / 'hub'}")
     if as_json is not None:
-        as_json.write_text(json.dumps(report.to_json(), indent=2))
+        text = json.dumps(report.to_json(), indent=2)
+        _write(as_json, "the JSON results", lambda: as_json.write_text(text))
 
 
 # -- hub ------------------------------------------------------------------------------
@@ -833,18 +903,56 @@ def _grant(values: tuple[str, ...], option: str) -> dict[str, list[str]]:
 @hub.command("serve")
 @click.argument("root", type=click.Path(path_type=Path))
 @click.option("--host", default="127.0.0.1", show_default=True)
-@click.option("--port", default=0, show_default=True, help="Hub port (0: a free one).")
-@click.option("--cdn-port", default=0, show_default=True, help="CDN port (0: a free one).")
-@click.option("--latency-ms", default=0.0, show_default=True, help="Added to every request.")
-@click.option("--bandwidth-per-connection", type=float, help="Bytes/s cap per connection.")
-@click.option("--bandwidth-total", type=float, help="Bytes/s cap for the whole server.")
-@click.option("--error-rate", default=0.0, show_default=True, help="Share of 503 answers.")
-@click.option("--cut-rate", default=0.0, show_default=True, help="Share of bodies cut mid-way.")
-@click.option("--slow-first-byte-rate", default=0.0, show_default=True)
-@click.option("--slow-first-byte-ms", default=1000.0, show_default=True)
-@click.option("--api-quota", type=int, help="API requests per client per window.")
-@click.option("--resolvers-quota", type=int, help="Resolver requests per client per window.")
-@click.option("--window-s", default=300.0, show_default=True, help="Rate-limit window.")
+@click.option("--port", type=_PORT, default=0, show_default=True, help="Hub port (0: a free one).")
+@click.option(
+    "--cdn-port", type=_PORT, default=0, show_default=True, help="CDN port (0: a free one)."
+)
+@click.option(
+    "--latency-ms",
+    type=_FiniteFloat(min=0),
+    default=0.0,
+    show_default=True,
+    help="Added to every request.",
+)
+@click.option(
+    "--bandwidth-per-connection",
+    type=_FiniteFloat(min=0, min_open=True),
+    help="Bytes/s cap per connection.",
+)
+@click.option(
+    "--bandwidth-total",
+    type=_FiniteFloat(min=0, min_open=True),
+    help="Bytes/s cap for the whole server.",
+)
+@click.option(
+    "--error-rate",
+    type=_FiniteFloat(0, 1),
+    default=0.0,
+    show_default=True,
+    help="Share of 503 answers.",
+)
+@click.option(
+    "--cut-rate",
+    type=_FiniteFloat(0, 1),
+    default=0.0,
+    show_default=True,
+    help="Share of bodies cut mid-way.",
+)
+@click.option("--slow-first-byte-rate", type=_FiniteFloat(0, 1), default=0.0, show_default=True)
+@click.option("--slow-first-byte-ms", type=_FiniteFloat(min=0), default=1000.0, show_default=True)
+@click.option("--api-quota", type=click.IntRange(min=0), help="API requests per client per window.")
+@click.option(
+    "--resolvers-quota",
+    type=click.IntRange(min=0),
+    help="Resolver requests per client per window.",
+)
+@click.option(
+    "--window-s",
+    type=_FiniteFloat(min=0, min_open=True),
+    default=300.0,
+    show_default=True,
+    help="Rate-limit window.",
+)
 @click.option("--private", multiple=True, metavar="ORG/NAME=TOKEN", help="A private repo.")
 @click.option("--gated", multiple=True, metavar="ORG/NAME=TOKEN", help="A gated repo.")
 def hub_serve(
