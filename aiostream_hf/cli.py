@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
-from ._cli_run import Group, explained, run
+from ._cli_run import PORT, FiniteFloat, Group, check_writable, explained, run, write_or_fail
 from ._exceptions import AiostreamError
 
 if TYPE_CHECKING:
@@ -53,62 +53,6 @@ T = TypeVar("T")
 @click.version_option(package_name="aiostream-hf")
 def main() -> None:
     """Stream datasets from the Hugging Face Hub and HTTP object stores."""
-
-
-class _FiniteFloat(click.FloatRange):
-    """A number in a range, and finite: ``nan``, ``inf`` and ``-inf`` are refused (they
-    pass click's own range checks, comparing false to every bound)."""
-
-    name = "finite float"
-
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
-        number = super().convert(value, param, ctx)
-        if not math.isfinite(number):
-            self.fail(f"{value!r} is not a finite number.", param, ctx)
-        return number
-
-
-#: A TCP port: 0 (a free one) to 65535.
-_PORT = click.IntRange(0, 65535)
-
-
-def _writable(path: Path, what: str, *, folder: bool = False) -> None:
-    """Fail now, before any work, with one line naming ``path``, when ``what`` (a file,
-    or a folder with ``folder``) cannot be made there: its parent folder missing, not a
-    folder, or not writable; the path itself of the other kind or not writable."""
-    if path.exists():
-        if path.is_dir() != folder:
-            kind = "a folder" if path.is_dir() else "not a folder"
-            raise click.ClickException(f"cannot write {what} to {str(path)!r}: it is {kind}")
-        if not os.access(path, os.W_OK):
-            raise click.ClickException(f"cannot write {what} to {str(path)!r}: not writable")
-        return
-    parent = path.absolute().parent
-    if folder:  # a folder is made with its parents: the nearest existing one decides
-        while not parent.exists() and parent != parent.parent:
-            parent = parent.parent
-    if not parent.exists():
-        raise click.ClickException(
-            f"cannot write {what} to {str(path)!r}: its folder {str(parent)!r} does not exist"
-        )
-    if not parent.is_dir():
-        raise click.ClickException(
-            f"cannot write {what} to {str(path)!r}: {str(parent)!r} is not a folder"
-        )
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise click.ClickException(
-            f"cannot write {what} to {str(path)!r}: its folder {str(parent)!r} is not writable"
-        )
-
-
-def _write(path: Path, what: str, write: Callable[[], object]) -> None:
-    """``write()``, an OSError (a file that takes no writes, like /proc/version; a full
-    disk) as one line naming ``path``."""
-    try:
-        write()
-    except OSError as exc:
-        reason = exc.strerror or str(exc)
-        raise click.ClickException(f"cannot write {what} to {str(path)!r}: {reason}") from exc
 
 
 #: The CLI's patience, as huggingface_hub's own (HF_HUB_DOWNLOAD_TIMEOUT's 10 s, its
@@ -139,7 +83,7 @@ def _hub_options(command: F) -> F:
     )(wrapped)
     wrapped = click.option(
         "--timeout",
-        type=_FiniteFloat(min=0, min_open=True),
+        type=FiniteFloat(min=0, min_open=True),
         default=DEFAULT_TIMEOUT_S,
         show_default=True,
         metavar="SECONDS",
@@ -757,7 +701,7 @@ def _timestamps(ctx: click.Context, param: click.Parameter, value: str) -> list[
 )
 @click.option(
     "--tolerance",
-    type=_FiniteFloat(min=0),
+    type=FiniteFloat(min=0),
     help="Take the nearest frame within these seconds (default: the frame on screen).",
 )
 @_hub_options
@@ -787,12 +731,12 @@ def frames(
         check_source(url)  # a URL that cannot name one video is a usage error, at once
     except SourceError as exc:
         raise click.BadParameter(str(exc), param_hint="URL") from exc
-    _writable(out, "the contact sheet")
+    check_writable(out, "the contact sheet")
     # Frames far apart are read as separate concurrent ranges, not one span with holes.
     options = _options(no_sign_request, timeout, retries, coalesce_gap=64 * 1024)
     result = run(_frames, url, at, tolerance, endpoint, token, options)
     sheet = contact_sheet(result["data"], columns=cols)
-    _write(out, "the contact sheet", lambda: write_png(out, sheet))
+    write_or_fail(out, "the contact sheet", lambda: write_png(out, sheet))
     click.echo(
         f"wrote {out}: {len(result['pts'])} frames of {result['width']}x{result['height']} "
         f"{result['codec']} at {', '.join(f'{t:.3f}' for t in result['pts'])} s"
@@ -865,9 +809,9 @@ def demo(out: Path | None, quick: bool, compare: bool, as_json: Path | None) -> 
     from ._demo import run_demo
 
     if out is not None:
-        _writable(out, "the demo's data", folder=True)
+        check_writable(out, "the demo's data", folder=True)
     if as_json is not None:
-        _writable(as_json, "the JSON results")
+        check_writable(as_json, "the JSON results")
     report = run_demo(
         out, quick=quick, compare=compare, log=lambda line: click.echo(line, err=True)
     )
@@ -879,7 +823,7 @@ def demo(out: Path | None, quick: bool, compare: bool, as_json: Path | None) -> 
     click.echo(f"- data: {report.out / 'hub'}")
     if as_json is not None:
         text = json.dumps(report.to_json(), indent=2)
-        _write(as_json, "the JSON results", lambda: as_json.write_text(text))
+        write_or_fail(as_json, "the JSON results", lambda: as_json.write_text(text))
 
 
 # -- hub ------------------------------------------------------------------------------
@@ -903,43 +847,43 @@ def _grant(values: tuple[str, ...], option: str) -> dict[str, list[str]]:
 @hub.command("serve")
 @click.argument("root", type=click.Path(path_type=Path))
 @click.option("--host", default="127.0.0.1", show_default=True)
-@click.option("--port", type=_PORT, default=0, show_default=True, help="Hub port (0: a free one).")
+@click.option("--port", type=PORT, default=0, show_default=True, help="Hub port (0: a free one).")
 @click.option(
-    "--cdn-port", type=_PORT, default=0, show_default=True, help="CDN port (0: a free one)."
+    "--cdn-port", type=PORT, default=0, show_default=True, help="CDN port (0: a free one)."
 )
 @click.option(
     "--latency-ms",
-    type=_FiniteFloat(min=0),
+    type=FiniteFloat(min=0),
     default=0.0,
     show_default=True,
     help="Added to every request.",
 )
 @click.option(
     "--bandwidth-per-connection",
-    type=_FiniteFloat(min=0, min_open=True),
+    type=FiniteFloat(min=0, min_open=True),
     help="Bytes/s cap per connection.",
 )
 @click.option(
     "--bandwidth-total",
-    type=_FiniteFloat(min=0, min_open=True),
+    type=FiniteFloat(min=0, min_open=True),
     help="Bytes/s cap for the whole server.",
 )
 @click.option(
     "--error-rate",
-    type=_FiniteFloat(0, 1),
+    type=FiniteFloat(0, 1),
     default=0.0,
     show_default=True,
     help="Share of 503 answers.",
 )
 @click.option(
     "--cut-rate",
-    type=_FiniteFloat(0, 1),
+    type=FiniteFloat(0, 1),
     default=0.0,
     show_default=True,
     help="Share of bodies cut mid-way.",
 )
-@click.option("--slow-first-byte-rate", type=_FiniteFloat(0, 1), default=0.0, show_default=True)
-@click.option("--slow-first-byte-ms", type=_FiniteFloat(min=0), default=1000.0, show_default=True)
+@click.option("--slow-first-byte-rate", type=FiniteFloat(0, 1), default=0.0, show_default=True)
+@click.option("--slow-first-byte-ms", type=FiniteFloat(min=0), default=1000.0, show_default=True)
 @click.option("--api-quota", type=click.IntRange(min=0), help="API requests per client per window.")
 @click.option(
     "--resolvers-quota",
@@ -948,7 +892,7 @@ def _grant(values: tuple[str, ...], option: str) -> dict[str, list[str]]:
 )
 @click.option(
     "--window-s",
-    type=_FiniteFloat(min=0, min_open=True),
+    type=FiniteFloat(min=0, min_open=True),
     default=300.0,
     show_default=True,
     help="Rate-limit window.",
