@@ -2,12 +2,15 @@
 (exit code 130, one line, within a second even with requests blocked in worker threads),
 library errors as one line (and, for a network failure, a second with the way out),
 the library's WARNINGs on stderr one line each, anything else one line unless
-``AIOSTREAM_HF_TRACEBACK`` asks for the traceback. ``cli.py`` holds the commands."""
+``AIOSTREAM_HF_TRACEBACK`` asks for the traceback; the option types that refuse NaN,
+infinity and bad ports, and the check of an output path before any work. ``cli.py``
+holds the commands."""
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import re
 import signal
@@ -16,6 +19,7 @@ import threading
 import time
 import urllib.parse
 from collections.abc import Awaitable, Callable, Iterator, Mapping
+from pathlib import Path
 from typing import Any, NoReturn, TypeVar
 
 import anyio
@@ -24,7 +28,17 @@ import httpx2
 
 from ._exceptions import AiostreamError
 
-__all__ = ["EXIT_INTERRUPTED", "Group", "explained", "one_line", "run"]
+__all__ = [
+    "EXIT_INTERRUPTED",
+    "PORT",
+    "FiniteFloat",
+    "Group",
+    "check_writable",
+    "explained",
+    "one_line",
+    "run",
+    "write_or_fail",
+]
 
 T = TypeVar("T")
 #: The exit code of a command ended by Ctrl-C (128 + SIGINT), as shells report it.
@@ -216,3 +230,62 @@ def _causes(exc: BaseException) -> Iterator[BaseException]:
         seen.add(id(current))
         yield current
         current = current.__cause__ or current.__context__
+
+
+# -- checked values: numbers and output paths ----------------------------------------
+
+
+class FiniteFloat(click.FloatRange):
+    """A number in a range, and finite: ``nan``, ``inf`` and ``-inf`` are refused (they
+    pass click's own range checks, comparing false to every bound)."""
+
+    name = "finite float"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number.", param, ctx)
+        return number
+
+
+#: A TCP port: 0 (a free one) to 65535.
+PORT = click.IntRange(0, 65535)
+
+
+def check_writable(path: Path, what: str, *, folder: bool = False) -> None:
+    """Fail now, before any work, with one line naming ``path``, when ``what`` (a file,
+    or a folder with ``folder``) cannot be made there: its parent folder missing, not a
+    folder, or not writable; the path itself of the other kind or not writable."""
+    if path.exists():
+        if path.is_dir() != folder:
+            kind = "a folder" if path.is_dir() else "not a folder"
+            raise click.ClickException(f"cannot write {what} to {str(path)!r}: it is {kind}")
+        if not os.access(path, os.W_OK):
+            raise click.ClickException(f"cannot write {what} to {str(path)!r}: not writable")
+        return
+    parent = path.absolute().parent
+    if folder:  # a folder is made with its parents: the nearest existing one decides
+        while not parent.exists() and parent != parent.parent:
+            parent = parent.parent
+    if not parent.exists():
+        raise click.ClickException(
+            f"cannot write {what} to {str(path)!r}: its folder {str(parent)!r} does not exist"
+        )
+    if not parent.is_dir():
+        raise click.ClickException(
+            f"cannot write {what} to {str(path)!r}: {str(parent)!r} is not a folder"
+        )
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise click.ClickException(
+            f"cannot write {what} to {str(path)!r}: its folder {str(parent)!r} is not writable"
+        )
+
+
+def write_or_fail(path: Path, what: str, write: Callable[[], object]) -> None:
+    """``write()``, an OSError (a file that takes no writes, like /proc/version; a full
+    disk) as one line naming ``path``."""
+    try:
+        write()
+    except OSError as exc:
+        reason = exc.strerror or str(exc)
+        raise click.ClickException(f"cannot write {what} to {str(path)!r}: {reason}") from exc

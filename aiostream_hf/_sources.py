@@ -12,7 +12,10 @@ Accepted sources:
   huggingface_hub's rule (``HfFileSystem.resolve_path``, ``parse_hf_uri``):
   ``refs/convert/NAME`` and ``refs/pr/N`` are matched first, otherwise the
   revision ends at the first ``/``. The path may hold glob characters; it is
-  matched against the repo tree later, by the resolver.
+  matched against the repo tree later, by the resolver. The path and the revision
+  must stay inside the repo (``repo_path_problem``): no ``.``, ``..`` or empty segment,
+  no backslash, no control character, nothing percent-encoded that decodes to one of
+  these or to a ``/`` (``%2e%2e``, ``%2f``).
 - ``https://...`` and ``http://...`` URLs.
 - ``SCHEME://BUCKET[/KEY-PREFIX-OR-GLOB]`` for the scheme of an object store
   (``s3://``: ``aiostream_hf.stores`` registers the schemes): objects of a bucket. A key
@@ -69,6 +72,7 @@ __all__ = [
     "expand_braces",
     "has_glob",
     "parse_sources",
+    "repo_path_problem",
 ]
 
 #: The most strings one brace pattern may expand to.
@@ -376,9 +380,63 @@ def _parse_hub(uri: str, source: object) -> HubSource:
         validate_repo_id(repo_id)
     except HFValidationError as exc:
         raise _fail(f"{uri!r}: invalid repo id {repo_id!r}: {exc}", source) from None
-    if path.startswith("/") or "//" in path:
-        raise _fail(f"{uri!r}: the path {path!r} has an empty segment", source)
+    for what, value in (("revision", revision), ("path", path)):
+        problem = repo_path_problem(value, what) if value else None
+        if problem is not None:
+            raise _fail(f"{uri!r}: {problem}", source)
     return HubSource(repo_id=repo_id, revision=revision, path=path or None)
+
+
+def repo_path_problem(path: str, what: str = "path") -> str | None:
+    """Why ``path``, a path (or revision) inside a Hub repo, could leave the repo, with
+    the way out; None when it stays inside.
+
+    The one rule for every entry point that names a file of a repo (``stream``,
+    ``video.open``, ``lerobot.stream``, the webdataset opener, the CLI): its
+    ``/``-separated segments are not empty, ``.`` or ``..``; it has no backslash and no
+    control character; and no segment percent-decodes (repeatedly: ``%252e`` too) to
+    ``.``, ``..`` or to text with a ``/``, a backslash or a control character. A request
+    built from such a path could leave the repo's URL prefixes (HTTP clients and proxies
+    resolve dot segments), carrying the token with it.
+    """
+    problem = _segments_problem(path)
+    if problem is None:
+        return None
+    fix = (
+        "give a branch, tag or commit of the repo"
+        if what == "revision"
+        else "write the path from the repo root, as 'DIR/FILE', with no '.' or '..'"
+    )
+    return f"the {what} {path!r} {problem}, which could leave the repo: {fix}"
+
+
+def _segments_problem(path: str) -> str | None:
+    if "\\" in path:
+        return "has a backslash"
+    if any(c < " " or c == "\x7f" for c in path):
+        return "has a NUL or control character"
+    for segment in path.split("/"):
+        if not segment:
+            return "has an empty segment (a leading '/' or a '//')"
+        if segment in (".", ".."):
+            return f"has a {segment!r} segment"
+        decoded = _fully_unquoted(segment)
+        if decoded in (".", ".."):
+            return f"has the segment {segment!r}, percent-encoded {decoded!r}"
+        if "/" in decoded or "\\" in decoded:
+            return f"has the segment {segment!r}, with a percent-encoded '/' or backslash"
+        if any(c < " " or c == "\x7f" for c in decoded):
+            return f"has the segment {segment!r}, with a percent-encoded control character"
+    return None
+
+
+def _fully_unquoted(text: str) -> str:
+    """``text`` percent-decoded until it no longer changes (each pass shortens it)."""
+    while True:
+        decoded = unquote(text)
+        if decoded == text:
+            return text
+        text = decoded
 
 
 def _not_a_dataset(kind: str, body: str) -> str:

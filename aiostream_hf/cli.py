@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import os
 import platform
 import sys
@@ -33,7 +34,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
-from ._cli_run import Group, explained, run
+from ._cli_run import PORT, FiniteFloat, Group, check_writable, explained, run, write_or_fail
 from ._exceptions import AiostreamError
 
 if TYPE_CHECKING:
@@ -82,7 +83,7 @@ def _hub_options(command: F) -> F:
     )(wrapped)
     wrapped = click.option(
         "--timeout",
-        type=click.FloatRange(min=0, min_open=True),
+        type=FiniteFloat(min=0, min_open=True),
         default=DEFAULT_TIMEOUT_S,
         show_default=True,
         metavar="SECONDS",
@@ -347,7 +348,13 @@ async def _resolve_all(
 @_columns_option
 @click.option("--split", help="The split to read (default: every split, in order).")
 @click.option("--config", help="The config to read (default: the dataset's default).")
-@click.option("--width", default=100, show_default=True, help="Cut values longer than this.")
+@click.option(
+    "--width",
+    default=100,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="Cut values longer than this.",
+)
 @_hub_options
 def head(
     source: str,
@@ -648,7 +655,7 @@ def _timestamps(ctx: click.Context, param: click.Parameter, value: str) -> list[
         raise click.BadParameter(
             f"{value!r}: give seconds separated by commas, e.g. 1.0,2.5"
         ) from None
-    if not times or any(t < 0 for t in times):
+    if not times or any(not (math.isfinite(t) and t >= 0) for t in times):
         raise click.BadParameter(f"{value!r}: give seconds >= 0 separated by commas, e.g. 1.0,2.5")
     return times
 
@@ -675,7 +682,7 @@ def _timestamps(ctx: click.Context, param: click.Parameter, value: str) -> list[
 )
 @click.option(
     "--tolerance",
-    type=click.FloatRange(min=0),
+    type=FiniteFloat(min=0),
     help="Take the nearest frame within these seconds (default: the frame on screen).",
 )
 @_hub_options
@@ -705,10 +712,12 @@ def frames(
         check_source(url)  # a URL that cannot name one video is a usage error, at once
     except SourceError as exc:
         raise click.BadParameter(str(exc), param_hint="URL") from exc
+    check_writable(out, "the contact sheet")
     # Frames far apart are read as separate concurrent ranges, not one span with holes.
     options = _options(no_sign_request, timeout, retries, coalesce_gap=64 * 1024)
     result = run(_frames, url, at, tolerance, endpoint, token, options)
-    write_png(out, contact_sheet(result["data"], columns=cols))
+    sheet = contact_sheet(result["data"], columns=cols)
+    write_or_fail(out, "the contact sheet", lambda: write_png(out, sheet))
     click.echo(
         f"wrote {out}: {len(result['pts'])} frames of {result['width']}x{result['height']} "
         f"{result['codec']} at {', '.join(f'{t:.3f}' for t in result['pts'])} s"
@@ -780,6 +789,10 @@ def demo(out: Path | None, quick: bool, compare: bool, as_json: Path | None) -> 
     """
     from ._demo import run_demo
 
+    if out is not None:
+        check_writable(out, "the demo's data", folder=True)
+    if as_json is not None:
+        check_writable(as_json, "the JSON results")
     report = run_demo(
         out, quick=quick, compare=compare, log=lambda line: click.echo(line, err=True)
     )
@@ -790,7 +803,8 @@ def demo(out: Path | None, quick: bool, compare: bool, as_json: Path | None) -> 
     click.echo(f"- contact sheet: {report.contact_sheet}")
     click.echo(f"- data: {report.out / 'hub'}")
     if as_json is not None:
-        as_json.write_text(json.dumps(report.to_json(), indent=2))
+        text = json.dumps(report.to_json(), indent=2)
+        write_or_fail(as_json, "the JSON results", lambda: as_json.write_text(text))
 
 
 # -- hub ------------------------------------------------------------------------------
@@ -814,18 +828,56 @@ def _grant(values: tuple[str, ...], option: str) -> dict[str, list[str]]:
 @hub.command("serve")
 @click.argument("root", type=click.Path(path_type=Path))
 @click.option("--host", default="127.0.0.1", show_default=True)
-@click.option("--port", default=0, show_default=True, help="Hub port (0: a free one).")
-@click.option("--cdn-port", default=0, show_default=True, help="CDN port (0: a free one).")
-@click.option("--latency-ms", default=0.0, show_default=True, help="Added to every request.")
-@click.option("--bandwidth-per-connection", type=float, help="Bytes/s cap per connection.")
-@click.option("--bandwidth-total", type=float, help="Bytes/s cap for the whole server.")
-@click.option("--error-rate", default=0.0, show_default=True, help="Share of 503 answers.")
-@click.option("--cut-rate", default=0.0, show_default=True, help="Share of bodies cut mid-way.")
-@click.option("--slow-first-byte-rate", default=0.0, show_default=True)
-@click.option("--slow-first-byte-ms", default=1000.0, show_default=True)
-@click.option("--api-quota", type=int, help="API requests per client per window.")
-@click.option("--resolvers-quota", type=int, help="Resolver requests per client per window.")
-@click.option("--window-s", default=300.0, show_default=True, help="Rate-limit window.")
+@click.option("--port", type=PORT, default=0, show_default=True, help="Hub port (0: a free one).")
+@click.option(
+    "--cdn-port", type=PORT, default=0, show_default=True, help="CDN port (0: a free one)."
+)
+@click.option(
+    "--latency-ms",
+    type=FiniteFloat(min=0),
+    default=0.0,
+    show_default=True,
+    help="Added to every request.",
+)
+@click.option(
+    "--bandwidth-per-connection",
+    type=FiniteFloat(min=0, min_open=True),
+    help="Bytes/s cap per connection.",
+)
+@click.option(
+    "--bandwidth-total",
+    type=FiniteFloat(min=0, min_open=True),
+    help="Bytes/s cap for the whole server.",
+)
+@click.option(
+    "--error-rate",
+    type=FiniteFloat(0, 1),
+    default=0.0,
+    show_default=True,
+    help="Share of 503 answers.",
+)
+@click.option(
+    "--cut-rate",
+    type=FiniteFloat(0, 1),
+    default=0.0,
+    show_default=True,
+    help="Share of bodies cut mid-way.",
+)
+@click.option("--slow-first-byte-rate", type=FiniteFloat(0, 1), default=0.0, show_default=True)
+@click.option("--slow-first-byte-ms", type=FiniteFloat(min=0), default=1000.0, show_default=True)
+@click.option("--api-quota", type=click.IntRange(min=0), help="API requests per client per window.")
+@click.option(
+    "--resolvers-quota",
+    type=click.IntRange(min=0),
+    help="Resolver requests per client per window.",
+)
+@click.option(
+    "--window-s",
+    type=FiniteFloat(min=0, min_open=True),
+    default=300.0,
+    show_default=True,
+    help="Rate-limit window.",
+)
 @click.option("--private", multiple=True, metavar="ORG/NAME=TOKEN", help="A private repo.")
 @click.option("--gated", multiple=True, metavar="ORG/NAME=TOKEN", help="A gated repo.")
 def hub_serve(

@@ -7,7 +7,9 @@ no traceback, and, for bad input the library rejects, exactly one line: ``Error:
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import math
 import os
 import pickle
 import re
@@ -28,6 +30,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner, Result
 
+from aiostream_hf import HubServerError
 from aiostream_hf._demo import human_bytes
 from aiostream_hf._describe import payload_value
 from aiostream_hf.cli import main, summarize
@@ -35,6 +38,7 @@ from aiostream_hf.testing import (
     Faults,
     HubServer,
     LeRobotLayout,
+    RateLimits,
     make_image_parquet,
     make_lerobot_dataset,
     make_repo,
@@ -562,6 +566,187 @@ def test_frames_errors(hub: HubServer, tmp_path: Path) -> None:
     usage_error(run("frames", url, *out), "--at")
     usage_error(run("frames", "hf://datasets/org/robot", "--at", "1", *out), "one file")
     assert not (tmp_path / "x.png").exists()
+
+
+# -- paths that would leave the repo ------------------------------------------------------
+
+
+def _inside_robot(line: str) -> bool:
+    """Whether a request line of ``HubStats.paths`` stays under org/robot's URL prefixes."""
+    where, _, path = line.split(" ", 2)
+    if ".." in path or "%2e" in path.lower():
+        return False
+    if where == "cdn":
+        return path.startswith("/lfs/datasets/org/robot/")
+    return path == "/api/datasets/org/robot" or path.startswith(
+        (
+            "/api/datasets/org/robot/revision/",
+            "/api/datasets/org/robot/tree/",
+            "/datasets/org/robot/resolve/",
+        )
+    )
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "hf://datasets/org/robot/../../api/whoami-v2.mp4",
+        "hf://datasets/org/robot/../x.mp4",
+        "hf://datasets/org/robot/videos/../../../api/whoami-v2.mp4",
+        "hf://datasets/org/robot/%2e%2e/%2e%2e/api/whoami-v2.mp4",
+        "hf://datasets/org/robot/..%2f..%2fapi/whoami-v2.mp4",
+        "hf://datasets/org/robot@../videos/episode_000000.mp4",
+    ],
+)
+@pytest.mark.parametrize("command", ["frames", "ls", "head"])
+def test_a_path_leaving_the_repo_is_refused_before_any_request(
+    hub: HubServer, tmp_path: Path, command: str, url: str
+) -> None:
+    """The one rule of every hf:// parse (``repo_path_problem``), for the CLI's commands:
+    the error names the path, and the server sees no request outside the repo."""
+    args = [command, url, *endpoint(hub), "--token", "hf_secret", "--retries", "0"]
+    if command == "frames":
+        args += ["--at", "1", "--out", str(tmp_path / "x.png")]
+    hub.reset_stats()
+    result = run(*args)
+    if command == "frames":  # frames checks its URL first: a usage error
+        usage_error(result, "could leave the repo")
+    else:
+        one_line_error(result, "could leave the repo")
+    assert "could leave the repo" in result.output
+    assert [p for p in hub.stats().paths if not _inside_robot(p)] == []
+    assert not (tmp_path / "x.png").exists()
+
+
+def test_a_good_path_is_read_inside_the_repo(hub: HubServer, tmp_path: Path) -> None:
+    """The check above is not vacuous: the server records frames' requests."""
+    hub.reset_stats()
+    url = "hf://datasets/org/robot/videos/episode_000000.mp4"
+    ok(run("frames", url, "--at", "1", "--out", str(tmp_path / "x.png"), *endpoint(hub)))
+    paths = hub.stats().paths
+    assert any(p.startswith("cdn GET /lfs/datasets/org/robot/") for p in paths), paths
+    assert [p for p in paths if not _inside_robot(p)] == []
+
+
+# -- bad values, as a user sees them: a subprocess, one line, no traceback -----------------
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "aiostream_hf.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        stdin=subprocess.DEVNULL,
+    )
+
+
+def _refused(done: subprocess.CompletedProcess[str], *needles: str) -> None:
+    """A nonzero exit, no traceback, an ``Error:`` line naming ``needles``."""
+    assert done.returncode != 0, done.stdout + done.stderr
+    assert "Traceback" not in done.stderr
+    assert "a bug in aiostream-hf" not in done.stderr  # an expected failure, not a crash
+    errors = [line for line in done.stderr.splitlines() if line.startswith("Error:")]
+    assert len(errors) == 1, done.stderr
+    for needle in needles:
+        assert needle in errors[0], done.stderr
+    assert done.stdout == ""
+
+
+def _out_cases(tmp_path: Path) -> list[tuple[Path, str]]:
+    """Paths --out cannot write to, with what the error must say."""
+    a_file = tmp_path / "a-file"
+    a_file.write_text("x")
+    cases = [
+        (tmp_path, str(tmp_path)),  # a folder
+        (tmp_path / "missing" / "sheet.png", "does not exist"),  # a missing parent
+        (a_file / "sheet.png", "is not a folder"),  # a parent that is a file
+    ]
+    if Path("/proc/version").is_file():
+        cases.append((Path("/proc/version"), "/proc/version"))  # takes no writes
+    if os.geteuid() != 0:  # root writes anywhere
+        read_only = tmp_path / "read-only"
+        read_only.mkdir()
+        read_only.chmod(0o555)
+        cases.append((read_only / "sheet.png", "not writable"))
+    return cases
+
+
+def test_frames_out_that_cannot_be_written(hub: HubServer, tmp_path: Path) -> None:
+    video = hub.root / "datasets/org/robot/videos/episode_000000.mp4"
+    cases = _out_cases(tmp_path)
+    for out, reason in cases:
+        done = _cli("frames", str(video), "--at", "1", "--out", str(out))
+        _refused(done, str(out), reason)
+    assert not (tmp_path / "missing").exists()
+
+
+def test_demo_outputs_that_cannot_be_written(tmp_path: Path) -> None:
+    """Refused before the demo builds anything."""
+    a_file = tmp_path / "a-file"
+    a_file.write_text("x")
+    _refused(_cli("demo", "--quick", "--json", str(tmp_path / "no" / "r.json")), "does not exist")
+    _refused(_cli("demo", "--quick", "--json", str(tmp_path)), str(tmp_path), "directory")
+    _refused(_cli("demo", "--quick", "--out", str(a_file / "sub")), "is not a folder")
+    _refused(_cli("demo", "--quick", "--out", str(a_file)), str(a_file))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file"]
+
+
+#: Every number flag of `hub serve`, with values it must refuse.
+_SERVE_BAD = [
+    ("--port", "99999"),
+    ("--port", "-1"),
+    ("--cdn-port", "65536"),
+    ("--api-quota", "-1"),
+    ("--resolvers-quota", "-5"),
+    ("--error-rate", "1.5"),
+    *[
+        (flag, value)
+        for flag in (
+            "--latency-ms",
+            "--bandwidth-per-connection",
+            "--bandwidth-total",
+            "--error-rate",
+            "--cut-rate",
+            "--slow-first-byte-rate",
+            "--slow-first-byte-ms",
+            "--window-s",
+        )
+        for value in ("nan", "inf", "-inf")
+    ],
+]
+
+
+@pytest.mark.parametrize(("flag", "value"), _SERVE_BAD)
+def test_hub_serve_refuses_bad_numbers(tmp_path: Path, flag: str, value: str) -> None:
+    done = _cli("hub", "serve", str(tmp_path), f"{flag}={value}")
+    _refused(done, flag, value)
+    assert done.returncode == 2  # a usage error: nothing was started
+
+
+@pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf])
+def test_faults_and_rate_limits_refuse_nan_and_infinity(value: float) -> None:
+    """The Python API of what `hub serve` builds (docs/errors.md, HubServerError)."""
+    floats = [
+        f.name
+        for f in dataclasses.fields(Faults)
+        if isinstance(getattr(Faults(), f.name), float) or f.name.startswith("bandwidth")
+    ]
+    assert {"latency_ms", "bandwidth_total", "cut_fraction", "trickle_interval_ms"} <= set(floats)
+    for name in floats:
+        with pytest.raises(HubServerError, match=re.escape(f"Faults.{name}=")):
+            Faults(**{name: value})
+    with pytest.raises(HubServerError, match="RateLimits.window_s="):
+        RateLimits(window_s=value)
+
+
+@pytest.mark.parametrize("port", [-1, 65536, 99999])
+def test_hub_server_refuses_a_port_out_of_range(tmp_path: Path, port: int) -> None:
+    with pytest.raises(HubServerError, match=f"port={port}"):
+        HubServer(tmp_path, port=port)
+    with pytest.raises(HubServerError, match=f"cdn_port={port}"):
+        HubServer(tmp_path, cdn_port=port)
 
 
 # -- hub serve and demo (subprocesses, as users run them) ----------------------------------

@@ -1,10 +1,14 @@
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import anyio
+import anyio.to_thread
 import braceexpand
 import huggingface_hub
 import pytest
@@ -12,7 +16,9 @@ from huggingface_hub import HfFileSystem
 from huggingface_hub.errors import HFValidationError
 from huggingface_hub.utils import validate_repo_id  # type: ignore[attr-defined]
 
-from aiostream_hf import _sources
+import aiostream_hf as ash
+from aiostream_hf import _sources, lerobot, video
+from aiostream_hf import webdataset as ashwds
 from aiostream_hf._exceptions import SourceError
 from aiostream_hf._sources import (
     MAX_BRACE_EXPANSION,
@@ -24,6 +30,7 @@ from aiostream_hf._sources import (
     has_glob,
     parse_sources,
 )
+from aiostream_hf.testing import HubServer, make_repo
 
 SHA = "0123456789abcdef0123456789abcdef01234567"
 ACCEPTED = "Accepted sources: 'hf://datasets/ORG/NAME[@REVISION][/PATH-OR-GLOB]'"
@@ -639,5 +646,140 @@ def test_all_is_the_public_surface() -> None:
         "register_bucket_scheme",
         "unregister_bucket_scheme",
         "parse_sources",
+        "repo_path_problem",
     }
     assert all(hasattr(_sources, name) for name in _sources.__all__)
+
+
+# --- paths that would leave the repo ---------------------------------------------------------
+
+#: Paths (and revisions) inside an hf:// URI that name something outside the repo's
+#: URL prefixes once an HTTP client or proxy resolves dot segments and encodings.
+LEAVING = [
+    ("hf://datasets/org/repo/../x.mp4", "'..' segment"),
+    ("hf://datasets/org/repo/../../api/whoami-v2.mp4", "'..' segment"),
+    ("hf://datasets/org/repo/data/../../../api/whoami-v2", "'..' segment"),
+    ("hf://datasets/org/repo/./x.mp4", "'.' segment"),
+    ("hf://datasets/org/repo/data/.", "'.' segment"),
+    ("hf://datasets/org/repo/%2e%2e/x.mp4", "percent-encoded '..'"),
+    ("hf://datasets/org/repo/.%2E/x.mp4", "percent-encoded '..'"),
+    ("hf://datasets/org/repo/%252e%252e/x.mp4", "percent-encoded '..'"),
+    ("hf://datasets/org/repo/%2e/x.mp4", "percent-encoded '.'"),
+    ("hf://datasets/org/repo/..%2f..%2fapi/x.mp4", "percent-encoded '/'"),
+    ("hf://datasets/org/repo/a%2Fb.mp4", "percent-encoded '/'"),
+    ("hf://datasets/org/repo/a%5c..%5cb.mp4", "percent-encoded '/' or backslash"),
+    ("hf://datasets/org/repo/a\\..\\..\\x.mp4", "backslash"),
+    ("hf://datasets/org/repo/a%00.mp4", "control character"),
+    ("hf://datasets/org/repo/a\nb.mp4", "control character"),
+    ("hf://datasets/org/repo@../x.mp4", "the revision '..'"),
+    ("hf://datasets/org/repo@./x.mp4", "the revision '.'"),
+    ("hf://datasets/org/repo@%2e%2e/x.mp4", "the revision '..'"),
+    ("hf://datasets/org/repo@feature%2F..%2F..%2Fx/x.mp4", "the revision 'feature/../../x'"),
+]
+
+
+@pytest.mark.parametrize(("source", "problem"), LEAVING)
+def test_hub_path_leaving_the_repo_fails(source: str, problem: str) -> None:
+    error = assert_source_error(source, re.escape(problem))
+    assert "could leave the repo" in str(error)
+
+
+@pytest.mark.parametrize(
+    ("source", "expected"),
+    [
+        ("hf://datasets/org/repo/a..b/c...json", HubSource("org/repo", None, "a..b/c...json")),
+        ("hf://datasets/org/repo/.hidden/x.json", HubSource("org/repo", None, ".hidden/x.json")),
+        ("hf://datasets/org/repo/100%25.txt", HubSource("org/repo", None, "100%25.txt")),
+        ("hf://datasets/org/repo/x%2ey.txt", HubSource("org/repo", None, "x%2ey.txt")),
+        ("hf://datasets/org/repo/data/", HubSource("org/repo", None, "data")),
+        ("hf://datasets/org/repo@v1..2/a", HubSource("org/repo", "v1..2", "a")),
+    ],
+)
+def test_hub_path_with_dots_inside_names_is_kept(source: str, expected: HubSource) -> None:
+    assert parse_sources(source) == [expected]
+
+
+@pytest.fixture(scope="module")
+def hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HubServer]:
+    root = tmp_path_factory.mktemp("hub")
+    make_repo(root, "org/repo", {"README.md": "# repo\n", "data/a.json": '{"x": 1}\n'})
+    with HubServer(root) as server:
+        yield server
+
+
+def _inside_the_repo(line: str) -> bool:
+    """Whether a request line of ``HubStats.paths`` stays under org/repo's URL prefixes."""
+    where, _, path = line.split(" ", 2)
+    if ".." in path or "%2e" in path.lower() or "/./" in path or path.endswith("/."):
+        return False
+    if where == "cdn":
+        return path.startswith("/lfs/datasets/org/repo/")
+    return path == "/api/datasets/org/repo" or path.startswith(
+        (
+            "/api/datasets/org/repo/revision/",
+            "/api/datasets/org/repo/tree/",
+            "/api/datasets/org/repo/paths-info/",
+            "/datasets/org/repo/resolve/",
+        )
+    )
+
+
+async def _via_stream(uri: str, hub: HubServer) -> None:
+    async with ash.stream(uri, endpoint=hub.endpoint, token="hf_secret") as s:
+        async for _ in s:
+            pass
+
+
+async def _via_video(uri: str, hub: HubServer) -> None:
+    async with video.open(uri, endpoint=hub.endpoint, token="hf_secret") as reader:
+        await reader.frames_at([0.0])
+
+
+async def _via_lerobot(uri: str, hub: HubServer) -> None:
+    async with lerobot.stream(uri, endpoint=hub.endpoint, token="hf_secret") as s:
+        async for _ in s:
+            pass
+
+
+async def _via_webdataset(uri: str, hub: HubServer) -> None:
+    def read() -> None:
+        with ashwds.open_shard(uri, endpoint=hub.endpoint, token="hf_secret") as f:
+            f.read()
+
+    await anyio.to_thread.run_sync(read)
+
+
+ENTRY_POINTS: dict[str, Callable[[str, HubServer], Awaitable[None]]] = {
+    "stream": _via_stream,
+    "video.open": _via_video,
+    "lerobot.stream": _via_lerobot,
+    "webdataset.open_shard": _via_webdataset,
+}
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("entry", list(ENTRY_POINTS))
+@pytest.mark.parametrize(("source", "problem"), LEAVING[:3] + LEAVING[5:6] + LEAVING[15:16])
+async def test_every_entry_point_refuses_a_path_leaving_the_repo(
+    hub: HubServer, entry: str, source: str, problem: str
+) -> None:
+    hub.reset_stats()
+    with pytest.raises(SourceError, match=re.escape(problem)) as info:
+        await ENTRY_POINTS[entry](source, hub)
+    assert "could leave the repo" in str(info.value)
+    assert repr(source) in str(info.value)
+    assert [p for p in hub.stats().paths if not _inside_the_repo(p)] == []
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("entry", list(ENTRY_POINTS))
+async def test_entry_points_request_only_inside_the_repo(hub: HubServer, entry: str) -> None:
+    """The check above is not vacuous: the recorder sees a good path's requests, and
+    each stays under the repo's prefixes."""
+    hub.reset_stats()
+    # stream and the webdataset opener read it; video and lerobot fail on its format
+    with contextlib.suppress(ash.AiostreamError):
+        await ENTRY_POINTS[entry]("hf://datasets/org/repo/data/a.json", hub)
+    paths = hub.stats().paths
+    assert any("/org/repo/" in p for p in paths)
+    assert [p for p in paths if not _inside_the_repo(p)] == []

@@ -7,6 +7,7 @@ made by a seeded RNG and per-target request counters, so a run is repeatable.
 
 from __future__ import annotations
 
+import math
 import random
 import threading
 import time
@@ -148,6 +149,7 @@ class Faults:
     hostile_tree_paths: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
+        _check_finite(self)
         for name in (
             "error_rate",
             "cut_rate",
@@ -290,6 +292,7 @@ class RateLimits:
     window_s: float = 300.0
 
     def __post_init__(self) -> None:
+        _check_finite(self)
         if self.window_s <= 0:
             raise HubServerError(f"RateLimits.window_s={self.window_s!r}: must be > 0")
         for name in ("api", "resolvers", "pages"):
@@ -303,6 +306,18 @@ class RateLimits:
 
     def quota(self, bucket: str) -> int | None:
         return getattr(self, bucket, None) if bucket in ("api", "resolvers", "pages") else None
+
+
+def _check_finite(value: Faults | RateLimits) -> None:
+    """Refuse NaN and infinity in every float field of ``value`` (NaN compares false to
+    every bound, so the range checks would let it through; an infinite latency or
+    window never ends)."""
+    for f in fields(value):
+        number = getattr(value, f.name)
+        if isinstance(number, float) and not math.isfinite(number):
+            raise HubServerError(
+                f"{type(value).__name__}.{f.name}={number!r}: must be a finite number"
+            )
 
 
 @dataclass(frozen=True)

@@ -177,6 +177,7 @@ class HubApp:
             c.peak_concurrent = max(c.peak_concurrent, c.concurrent)
             if is_cdn and "authorization" in headers:
                 c.cdn_authorized += 1
+            c.paths.append(f"{'cdn' if is_cdn else 'hub'} {method} {path}")
             if scope.get("client"):
                 host, port = scope["client"]
                 c.peers.add((str(host), int(port)))

@@ -109,6 +109,9 @@ class HubServer:
         self.root = Path(root)
         self._store = RepoStore(self.root, lfs_threshold=lfs_threshold)
         self._store.validate()
+        for name, number in (("port", port), ("cdn_port", cdn_port)):
+            if not 0 <= number <= 65535:
+                raise HubServerError(f"{name}={number!r}: a port is 0 (a free one) to 65535")
         if tree_page_size < 1 or tree_page_size_expand < 1:
             raise HubServerError("tree_page_size and tree_page_size_expand must be >= 1")
         if cdn_url_ttl_s <= 0:

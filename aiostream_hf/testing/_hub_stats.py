@@ -7,11 +7,15 @@ reads a snapshot (over ``/_emulator/stats`` when the server is a subprocess).
 from __future__ import annotations
 
 import threading
+from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["HubStats"]
+__all__ = ["MAX_PATHS_KEPT", "HubStats"]
+
+#: How many request lines ``HubStats.paths`` keeps (the latest).
+MAX_PATHS_KEPT = 10_000
 
 
 @dataclass(frozen=True)
@@ -29,6 +33,9 @@ class HubStats:
     connections: int = 0  # distinct client connections (peer address and port) seen
     # requests to the CDN that carried an Authorization header (a token must never go there)
     cdn_authorized: int = 0
+    # "hub GET /raw/path" or "cdn GET /raw/path" (as sent, query cut) of the latest
+    # MAX_PATHS_KEPT requests, oldest first: where a client went
+    paths: tuple[str, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -42,6 +49,7 @@ class HubStats:
             "faults": dict(self.faults),
             "connections": self.connections,
             "cdn_authorized": self.cdn_authorized,
+            "paths": list(self.paths),
         }
 
     @classmethod
@@ -57,6 +65,7 @@ class HubStats:
             faults=data["faults"],
             connections=data.get("connections", 0),
             cdn_authorized=data.get("cdn_authorized", 0),
+            paths=tuple(data.get("paths", ())),
         )
 
 
@@ -77,6 +86,7 @@ class _Counters:
         self.faults: dict[str, int] = {}
         self.peers: set[tuple[str, int]] = set()  # bounded by the ports of one host
         self.cdn_authorized = 0
+        self.paths: deque[str] = deque(maxlen=MAX_PATHS_KEPT)
 
     def bump(self, table: dict[Any, int], key: Any, n: int = 1) -> None:
         table[key] = table.get(key, 0) + n
@@ -94,4 +104,5 @@ class _Counters:
                 dict(self.faults),
                 len(self.peers),
                 self.cdn_authorized,
+                tuple(self.paths),
             )
