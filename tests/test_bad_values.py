@@ -1,0 +1,79 @@
+"""Bad values given by a user get one library error naming them (issue 31): every
+``StreamOptions`` field, a token from each place it can come from, URLs with credentials
+in messages, ``mix()`` weights too large for a float."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import aiostream_hf as ash
+from aiostream_hf import StreamOptions
+
+NAN, INF = math.nan, math.inf
+COUNT = [NAN, INF, -1, 1.5, 2.0, True, "4", None]
+SECONDS = [NAN, INF, -INF, -1, True, "4", None]
+FLAG = [1, 0, "yes", None]
+TEXT = [5, b"x", ["x"]]
+
+#: For every field of StreamOptions, values that must be refused. A new option fails
+#: ``test_every_option_has_bad_values`` until it is given a row here (and a check).
+BAD: dict[str, list[Any]] = {
+    "max_concurrency": [*COUNT, 0],
+    "block_size": [*COUNT, 0],
+    "max_range_size": [*COUNT, 0],
+    "coalesce_gap": COUNT,
+    "prefetch_bytes": [*COUNT, 0],
+    "prefetch_count": [*COUNT, 0],
+    "max_retries": COUNT,
+    "backoff_base": SECONDS,
+    "backoff_max": [*SECONDS, 0],
+    "timeout": [*SECONDS, 0],
+    "min_throughput": SECONDS,
+    "max_rate_limit_wait": SECONDS,
+    "rate_limit_reserve": COUNT,
+    "cache_dir": [5, 1.5, True, b"/tmp"],
+    "pin_ttl": SECONDS,
+    "verify_checksums": FLAG,
+    "s3_endpoint_url": TEXT,
+    "s3_region": TEXT,
+    "s3_anonymous": FLAG,
+    "s3_credentials": ["AKID:secret", {"aws_access_key_id": "AKID"}, {"x": "y"}],
+    "s3_addressing": ["dns", 5, None, ["path"]],
+}
+
+
+def test_every_option_has_bad_values() -> None:
+    assert set(BAD) == {f.name for f in dataclasses.fields(StreamOptions)}
+
+
+@pytest.mark.parametrize(
+    ("name", "value"), [(name, value) for name, values in BAD.items() for value in values]
+)
+def test_a_bad_option_is_refused_naming_it(name: str, value: Any) -> None:
+    with pytest.raises(ash.SourceError, match=rf"StreamOptions[.:] ?{name}"):
+        StreamOptions(**{name: value})
+
+
+def test_the_defaults_and_plain_good_values_construct(tmp_path: Path) -> None:
+    default = StreamOptions()
+    for f in dataclasses.fields(StreamOptions):
+        assert StreamOptions(**{f.name: getattr(default, f.name)}) == default
+    StreamOptions(
+        max_concurrency=1,
+        coalesce_gap=0,
+        max_retries=0,
+        timeout=1,
+        backoff_base=0,
+        min_throughput=0,
+        pin_ttl=0.0,
+        cache_dir=str(tmp_path),
+        s3_endpoint_url="http://127.0.0.1:9000",
+        s3_region="eu-west-1",
+        s3_addressing="path",
+    )
+    assert StreamOptions(cache_dir=tmp_path).resolved_cache_dir() == tmp_path
