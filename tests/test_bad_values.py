@@ -13,6 +13,7 @@ import pytest
 
 import aiostream_hf as ash
 from aiostream_hf import StreamOptions
+from aiostream_hf.testing import make_text_parquet
 
 NAN, INF = math.nan, math.inf
 COUNT = [NAN, INF, -1, 1.5, 2.0, True, "4", None]
@@ -77,3 +78,15 @@ def test_the_defaults_and_plain_good_values_construct(tmp_path: Path) -> None:
         s3_addressing="path",
     )
     assert StreamOptions(cache_dir=tmp_path).resolved_cache_dir() == tmp_path
+
+
+# -- mix() weights -------------------------------------------------------------------------
+
+
+def test_a_weight_too_large_for_a_float_is_named(tmp_path: Path) -> None:
+    paths = [tmp_path / f"{i}.parquet" for i in range(2)]
+    for i, path in enumerate(paths):
+        make_text_parquet(path, rows=4, seed=i)
+    members = [ash.stream(str(p)) for p in paths]
+    with pytest.raises(ash.SourceError, match=r"weights\[0\] is too large for a float"):
+        ash.mix(members, [10**400, 1])
