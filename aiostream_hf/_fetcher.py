@@ -56,6 +56,7 @@ from ._exceptions import (
     RangeMismatchError,
     SourceError,
 )
+from ._exceptions import display_url as _display
 from ._local_reads import (
     _describe_local,
     _local_path,
@@ -66,7 +67,7 @@ from ._local_reads import (
 )
 from ._models import FileRef
 from ._options import StreamOptions
-from ._transfer import _display, _Transfer
+from ._transfer import _Transfer
 from ._versions import Version, normalize_etag
 
 __all__ = ["ByteStream", "FetcherStatistics", "RangeFetcher", "coalesce_ranges"]

@@ -117,15 +117,15 @@ class StreamOptions:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < least:
                 raise SourceError(f"StreamOptions.{name}={value!r}: give a whole number >= {least}")
-        for name, least in _SECONDS.items():
+        for name, bound in _SECONDS.items():
             value = getattr(self, name)
             if (
                 isinstance(value, bool)
                 or not isinstance(value, (int, float))
                 or not math.isfinite(value)
-                or not (value > 0 if least == ">" else value >= 0)
+                or not (value > 0 if bound == ">" else value >= 0)
             ):
-                raise SourceError(f"StreamOptions.{name}={value!r}: give a finite number {least} 0")
+                raise SourceError(f"StreamOptions.{name}={value!r}: give a finite number {bound} 0")
         for name in ("verify_checksums", "s3_anonymous"):
             if not isinstance(getattr(self, name), bool):
                 raise SourceError(

@@ -51,6 +51,7 @@ from . import stores
 from ._access import origin
 from ._client import Route
 from ._exceptions import FetchError, FileChangedError, RangeMismatchError, RetriesExhaustedError
+from ._exceptions import display_url as _display
 from ._models import FileRef
 from ._retry import retry_after, retryable_status
 from ._transport import READINTO
@@ -739,12 +740,6 @@ def _host_key(url: str, file: FileRef) -> str:
     if scheme not in ("http", "https"):
         raise FetchError(f"{file.url}: cannot read {scheme}:// URLs", url=file.url)
     return f"{host}:{port}"
-
-
-def _display(url: str) -> str:
-    """A URL for messages: without its query (signed CDN URLs carry credentials there)."""
-    parts = urllib.parse.urlsplit(url)
-    return parts._replace(query="", fragment="").geturl() if parts.query else url
 
 
 def _content_length(headers: httpx2.Headers) -> int | None:

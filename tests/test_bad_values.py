@@ -5,6 +5,7 @@ in messages, ``mix()`` weights too large for a float."""
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 from pathlib import Path
 from typing import Any
@@ -13,6 +14,7 @@ import pytest
 
 import aiostream_hf as ash
 from aiostream_hf import StreamOptions
+from aiostream_hf._exceptions import display_url
 from aiostream_hf.testing import make_text_parquet
 
 NAN, INF = math.nan, math.inf
@@ -90,3 +92,82 @@ def test_a_weight_too_large_for_a_float_is_named(tmp_path: Path) -> None:
     members = [ash.stream(str(p)) for p in paths]
     with pytest.raises(ash.SourceError, match=r"weights\[0\] is too large for a float"):
         ash.mix(members, [10**400, 1])
+
+
+# -- credentials in URLs -------------------------------------------------------------------
+
+SECRET = "pa55w0rd-secret"
+#: A port nothing listens on: connections are refused at once.
+DEAD = f"http://reader:{SECRET}@127.0.0.1:9"
+
+
+async def _drain(s: ash.Stream) -> None:
+    async with s:
+        async for _ in s:
+            pass
+
+
+def _sources(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    quick = {"max_retries": 1, "cache_dir": None}
+    return {
+        "s3_endpoint_url": lambda: ash.stream(
+            "s3://bucket/x.parquet",
+            options=StreamOptions(s3_endpoint_url=DEAD, s3_anonymous=True, **quick),
+        ),
+        "AWS_ENDPOINT_URL": lambda: (
+            monkeypatch.setenv("AWS_ENDPOINT_URL", DEAD),
+            ash.stream("s3://bucket/x.parquet", options=StreamOptions(s3_anonymous=True, **quick)),
+        )[1],
+        "endpoint=": lambda: ash.stream(
+            "hf://datasets/org/name", endpoint=DEAD, options=StreamOptions(**quick)
+        ),
+        "http URL": lambda: ash.stream(f"{DEAD}/a.parquet", options=StreamOptions(**quick)),
+    }
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("way", ["s3_endpoint_url", "AWS_ENDPOINT_URL", "endpoint=", "http URL"])
+async def test_a_failing_endpoint_with_a_password_is_named_without_it(
+    way: str,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    tmp_path: Path,
+) -> None:
+    monkeypatch.setenv("AIOSTREAM_HF_CACHE", str(tmp_path))
+    for name in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "HF_TOKEN", "HF_TOKEN_PATH"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    caplog.set_level(logging.WARNING, logger="aiostream_hf")
+    with pytest.raises(ash.FetchError) as info:
+        await _drain(_sources(monkeypatch)[way]())
+    assert "127.0.0.1:9" in str(info.value)
+    assert SECRET not in str(info.value)
+    assert SECRET not in info.value.url
+    assert caplog.records, "the retry was not logged"
+    assert all(SECRET not in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        f"https://user:{SECRET}@cdn.example/x",
+        f"https://cdn.example/x?X-Amz-Credential=AKID&X-Amz-Signature={SECRET}",
+        f"https://cdn.example/x?Expires=1&Signature={SECRET}&Key-Pair-Id=K",
+        f"https://cdn.example/x?expires=1&sig={SECRET}",
+        f"http://user:{SECRET}@[::1/x?sig={SECRET}",  # not a URL urllib can split
+    ],
+)
+def test_display_url_hides_passwords_and_signatures(url: str) -> None:
+    shown = display_url(url)
+    assert SECRET not in shown
+    assert shown.split("?")[0].endswith("/x")
+    error = ash.FetchError(f"GET {url}: failed", url=url)
+    assert SECRET not in str(error)
+    assert SECRET not in error.url
+    assert SECRET not in str(ash.SourceError(f"{url!r} and {url}"))
+
+
+def test_display_url_keeps_a_plain_url() -> None:
+    url = "https://hub.example/api/datasets/org/name/revision/main?expand=sha"
+    assert display_url(url) == url
+    assert str(ash.FetchError(f"GET {url}: failed")) == f"GET {url}: failed"

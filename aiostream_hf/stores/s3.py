@@ -77,6 +77,7 @@ from .._exceptions import (
     ResolutionError,
     SourceError,
 )
+from .._exceptions import display_url as _display
 from .._models import FileRef
 from .._options import StreamOptions
 from .._sources import BucketSource, has_glob
@@ -501,10 +502,6 @@ def parse_xml(body: bytes, url: str) -> ET.Element:
 
 def _local(tag: str) -> str:
     return tag.rpartition("}")[2]
-
-
-def _display(url: str) -> str:
-    return url.split("?", 1)[0]
 
 
 # -- choosing objects ----------------------------------------------------------------------
