@@ -7,6 +7,10 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import os
+import re
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -171,3 +175,129 @@ def test_display_url_keeps_a_plain_url() -> None:
     url = "https://hub.example/api/datasets/org/name/revision/main?expand=sha"
     assert display_url(url) == url
     assert str(ash.FetchError(f"GET {url}: failed")) == f"GET {url}: failed"
+
+
+# -- tokens that cannot be sent, from every place a token comes from ------------------------
+
+HIDDEN = "hf_H1DDENvalue"
+BAD_TOKENS = {"a line break": f"{HIDDEN}\r\nX-Evil: 1", "a non-ASCII letter": f"{HIDDEN}\u00e9"}
+
+
+@pytest.fixture
+def hf_home(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
+    """No token anywhere but where a test puts one; HF_HOME an empty folder."""
+    for name in (
+        "HF_TOKEN",
+        "HUGGING_FACE_HUB_TOKEN",
+        "HF_TOKEN_PATH",
+        "HF_HUB_DISABLE_IMPLICIT_TOKEN",
+        "HF_OIDC_RESOURCE",
+    ):
+        monkeypatch.delenv(name, raising=False)
+    home = tmp_path / "hf-home"
+    home.mkdir()
+    monkeypatch.setenv("HF_HOME", str(home))
+    return home
+
+
+def _put(place: str, token: str | bytes, home: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Give ``token`` the way ``place`` says; what the error must name."""
+    if place in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN"):
+        assert isinstance(token, str)
+        monkeypatch.setenv(place, token)
+        return f"${place}"
+    path = home / "token" if place == "HF_HOME/token" else home.parent / "my-token"
+    path.write_bytes(token if isinstance(token, bytes) else token.encode())
+    if place == "HF_TOKEN_PATH":
+        monkeypatch.setenv("HF_TOKEN_PATH", str(path))
+    return f"the token file {path}"
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("bad", list(BAD_TOKENS))
+@pytest.mark.parametrize(
+    "place", ["HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_TOKEN_PATH", "HF_HOME/token"]
+)
+async def test_a_token_that_cannot_be_sent_names_where_it_came_from(
+    place: str, bad: str, hf_home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    where = _put(place, BAD_TOKENS[bad], hf_home, monkeypatch)
+    with pytest.raises(ash.SourceError) as info:
+        await _drain(ash.stream("hf://datasets/org/name"))
+    message = str(info.value)
+    assert message.startswith(f"{where}: the token holds")
+    assert "H1DDEN" not in message
+    env = place in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")
+    assert f"fix or unset {place}" in message if env else "log in again" in message
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("place", ["HF_TOKEN_PATH", "HF_HOME/token"])
+async def test_a_token_file_that_is_not_text_is_named(
+    place: str, hf_home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    where = _put(place, b"hf_\xff\xfe", hf_home, monkeypatch)
+    with pytest.raises(ash.SourceError, match=rf"^{re.escape(where)} is not UTF-8 text: log in"):
+        await _drain(ash.stream("hf://datasets/org/name"))
+
+
+_LIBRARY_FILE = """
+import anyio, aiostream_hf as ash
+async def main():
+    async with ash.stream("hf://datasets/org/name") as s:
+        async for _ in s:
+            break
+try:
+    anyio.run(main)
+except ash.SourceError as exc:
+    print("SourceError:", exc)
+"""
+
+
+@pytest.mark.parametrize("content", [b"hf_\xff\xfe\n", f"{HIDDEN}\u00e9\n".encode()])
+def test_huggingface_hubs_own_token_file_gives_the_same_errors(
+    content: bytes, tmp_path: Path
+) -> None:
+    """HF_HOME set before anything is imported: the file is huggingface_hub's own, read
+    by its get_token()."""
+    (tmp_path / "token").write_bytes(content)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGING_FACE"))}
+    env.update(HF_HOME=str(tmp_path), HF_ENDPOINT="http://127.0.0.1:9", HF_HUB_OFFLINE="0")
+    run = subprocess.run(
+        [sys.executable, "-c", _LIBRARY_FILE], env=env, capture_output=True, text=True, timeout=120
+    )
+    where = f"SourceError: the token file {tmp_path / 'token'}"
+    assert run.stdout.startswith((f"{where} is not UTF-8", f"{where}: the token holds")), run.stderr
+    assert "H1DDEN" not in run.stdout
+    assert "log in again" in run.stdout
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        pytest.param(lambda: ash.stream("hf://datasets/org/name"), id="stream"),
+        pytest.param(lambda: ash.lerobot.stream("hf://datasets/org/robot"), id="lerobot.stream"),
+        pytest.param(lambda: ash.video.open("hf://datasets/org/clips/clip.mp4"), id="video.open"),
+    ],
+)
+@pytest.mark.anyio
+async def test_every_entry_point_refuses_a_bad_hf_token(
+    make: Any, hf_home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HF_TOKEN", BAD_TOKENS["a line break"])
+    with pytest.raises(ash.SourceError, match=r"^\$HF_TOKEN: the token holds") as info:
+        async with make() as opened:
+            async for _ in opened:  # pragma: no cover - refused before
+                pass
+    assert "H1DDEN" not in str(info.value)
+
+
+def test_webdataset_gopen_refuses_a_bad_hf_token(
+    hf_home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from aiostream_hf import webdataset
+
+    monkeypatch.setenv("HF_TOKEN", BAD_TOKENS["a non-ASCII letter"])
+    with pytest.raises(ash.SourceError, match=r"^\$HF_TOKEN: the token holds") as info:
+        webdataset.open_shard("hf://datasets/org/shards/a.tar").read(1)
+    assert "H1DDEN" not in str(info.value)
