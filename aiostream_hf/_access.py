@@ -99,20 +99,23 @@ def default_endpoint() -> str:
     return normalize_endpoint(env, "HF_ENDPOINT") if env else DEFAULT_ENDPOINT
 
 
-def check_token(token: object, where: str = "token=") -> str | None:
+def check_token(
+    token: object, where: str = "token=", fix: str = "check what was pasted (a line break?)"
+) -> str | None:
     """A token as sent (stripped), None for an empty one; a SourceError for one that
-    cannot go in a header (not a string, control or non-ASCII characters, too long)."""
+    cannot go in a header (not a string, control or non-ASCII characters, too long).
+    ``where`` names where it came from, ``fix`` the way out; no message shows the token."""
     if not isinstance(token, str):
         raise SourceError(
             f"{where} must be a string (or False for no token), not {type(token).__name__}"
         )
     token = token.strip()
     if len(token) > MAX_TOKEN_LENGTH:
-        raise SourceError(f"{where}: a token of {len(token)} characters is not a Hub token")
+        raise SourceError(f"{where}: a token of {len(token)} characters is not a Hub token: {fix}")
     if any(not (0x21 <= ord(c) <= 0x7E) for c in token):
         raise SourceError(
             f"{where}: the token holds a space, a control or a non-ASCII character, which "
-            "no HTTP header may carry: check what was pasted (a line break?)"
+            f"no HTTP header may carry: {fix}"
         )
     return token or None
 
@@ -182,7 +185,8 @@ def find_access_nowait(
     for name in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN"):
         env = os.environ.get(name, "")
         if env.strip():
-            return Access(end, check_token(env, f"${name}"), offline, f"${name}"), False
+            fix = f"fix or unset {name} (the token file is read when it is unset)"
+            return Access(end, check_token(env, f"${name}", fix), offline, f"${name}"), False
     return Access(end, None, offline), True
 
 
@@ -202,11 +206,18 @@ async def find_access(token: str | bool | None = None, endpoint: str | None = No
 
 def _token_from_file() -> str | None:
     path = token_file()
+    where = f"the token file {path}"
+    fix = "log in again (hf auth login), fix or delete the file, or pass token="
     if os.environ.get("HF_OIDC_RESOURCE") or _is_hub_library_path(path):
         from huggingface_hub import get_token
 
-        found = get_token()
-        return None if found is None else check_token(found, str(path))
+        try:
+            found = get_token()
+        except UnicodeError:
+            raise SourceError(f"{where} is not UTF-8 text: {fix}") from None
+        except OSError as exc:
+            raise SourceError(f"cannot read {where} ({exc}): {fix}") from exc
+        return None if found is None else check_token(found, where, fix)
     try:
         with path.open("rb") as f:
             raw = f.read(MAX_TOKEN_LENGTH + 1)
@@ -219,9 +230,9 @@ def _token_from_file() -> str | None:
         ) from exc
     try:
         text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise SourceError(f"the token file {path} is not text: log in again") from exc
-    return check_token(text, str(path))
+    except UnicodeDecodeError:
+        raise SourceError(f"{where} is not UTF-8 text: {fix}") from None
+    return check_token(text, where, fix)
 
 
 def _is_hub_library_path(path: Path) -> bool:

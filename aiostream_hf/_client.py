@@ -65,6 +65,7 @@ from ._exceptions import (
     ResolutionError,
     SourceError,
     UnreachableError,
+    display_url,
 )
 from ._options import StreamOptions
 from ._quota import GO, PROBE, Pacing, SharedQuota, bucket_of
@@ -930,8 +931,8 @@ class _Ticket:
 
 
 def _short_url(url: str, limit: int = 200) -> str:
-    """A URL for a log line: without its query (a signed URL's signature), and short."""
-    base = url.split("?", 1)[0]
+    """A URL for a log line: as ``display_url`` shows it, and short."""
+    base = display_url(url)
     return base if len(base) <= limit else base[: limit - 3] + "..."
 
 

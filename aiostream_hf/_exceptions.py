@@ -26,9 +26,15 @@ Every error the library raises on purpose derives from ``AiostreamError``::
 
 Errors from third-party libraries are converted at the boundary with
 ``raise NewError(...) from exc``, keeping the URL, status and attempt count.
+
+No message shows a credential: every URL in one (and ``FetchError.url``) goes through
+``display_url``, which hides a URL's user and password and drops a signed query.
 """
 
 from __future__ import annotations
+
+import re
+import urllib.parse
 
 __all__ = [
     "AccessDeniedError",
@@ -55,8 +61,46 @@ __all__ = [
 ]
 
 
+#: Query keys that carry a credential (S3/GCS/CloudFront/Azure signed URLs, tokens):
+#: a URL with one is shown without its query.
+_SECRET_KEYS = ("sig", "credential", "token", "key-pair-id", "policy", "secret", "password")
+_URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"<>]+")
+
+
+def display_url(url: str) -> str:
+    """``url`` as messages and log lines show it: ``user:password@`` becomes ``***@``, and
+    a query holding a signature or credential (``X-Amz-Signature``, ``Signature``,
+    ``sig``, ``X-Amz-Credential``, a token) is dropped. The one place URLs are redacted."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+        netloc, query = parts.netloc, parts.query
+    except ValueError:  # not a URL urllib can split (a bad IPv6 host): redact by hand
+        head, sep, tail = url.partition("://")
+        rest = tail.split("/", 1)
+        if "@" in rest[0]:
+            rest[0] = "***@" + rest[0].rpartition("@")[2]
+        return head + sep + "/".join(rest).split("?", 1)[0] if sep else url
+    if "@" in netloc:
+        netloc = "***@" + netloc.rpartition("@")[2]
+    keys = [k.lower() for k, _ in urllib.parse.parse_qsl(query, keep_blank_values=True)]
+    if any(secret in key for key in keys for secret in _SECRET_KEYS):
+        query = ""
+    if (netloc, query) == (parts.netloc, parts.query):
+        return url
+    return parts._replace(netloc=netloc, query=query, fragment="").geturl()
+
+
+def redact_urls(text: str) -> str:
+    """``text`` with every URL in it shown by ``display_url``."""
+    return _URL.sub(lambda m: display_url(m.group()), text) if "://" in text else text
+
+
 class AiostreamError(Exception):
-    """The root of every error aiostream-hf raises on purpose."""
+    """The root of every error aiostream-hf raises on purpose; URLs in its message are
+    shown without credentials (``display_url``)."""
+
+    def __init__(self, *args: object) -> None:
+        super().__init__(*(redact_urls(a) if isinstance(a, str) else a for a in args))
 
 
 class SourceError(AiostreamError, ValueError):
@@ -108,7 +152,7 @@ class FetchError(AiostreamError):
         self, message: str, *, url: str = "", status: int | None = None, attempts: int = 1
     ) -> None:
         super().__init__(message)
-        self.url = url
+        self.url = display_url(url)
         self.status = status
         self.attempts = attempts
 

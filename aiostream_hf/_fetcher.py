@@ -57,9 +57,10 @@ from ._exceptions import (
     RangeMismatchError,
     SourceError,
 )
+from ._exceptions import display_url as _display
 from ._models import FileRef
 from ._options import StreamOptions
-from ._transfer import _display, _Transfer
+from ._transfer import _Transfer
 from ._versions import Version, normalize_etag
 from .stores.local import (
     _describe_local,

@@ -719,7 +719,12 @@ def _check_weights(weights: object, count: int, stop: str, what: str) -> tuple[f
     for i, w in enumerate(values):
         if isinstance(w, (bool, np.bool_)) or not isinstance(w, Real):
             raise SourceError(f"weights[{i}] is {w!r}, not a number")
-        value = float(w)
+        try:
+            value = float(w)
+        except OverflowError:
+            raise SourceError(
+                f"weights[{i}] is too large for a float (over 1.8e308): scale the weights down"
+            ) from None
         if not math.isfinite(value):
             raise SourceError(f"weights[{i}] is {value!r}: give finite weights")
         if value < 0:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -15,6 +16,27 @@ __all__ = ["StreamOptions"]
 _MiB = 1024 * 1024
 _S3_ADDRESSING = ("auto", "path", "virtual")
 _S3_CREDENTIAL_KEYS = ("aws_access_key_id", "aws_secret_access_key", "aws_session_token")
+#: The options that count (bytes, requests, retries), and the least each may be.
+_COUNTS = {
+    "max_concurrency": 1,
+    "block_size": 1,
+    "max_range_size": 1,
+    "prefetch_bytes": 1,
+    "prefetch_count": 1,
+    "max_whole_video_bytes": 1,
+    "coalesce_gap": 0,
+    "max_retries": 0,
+    "rate_limit_reserve": 0,
+}
+#: The options in seconds (or bytes per second): "> 0" or ">= 0", and finite.
+_SECONDS = {
+    "timeout": ">",
+    "backoff_max": ">",
+    "backoff_base": ">=",
+    "min_throughput": ">=",
+    "max_rate_limit_wait": ">=",
+    "pin_ttl": ">=",
+}
 
 
 @dataclass(frozen=True)
@@ -98,30 +120,35 @@ class StreamOptions:
     s3_addressing: str = "auto"
 
     def __post_init__(self) -> None:
-        positive = {
-            "max_concurrency": self.max_concurrency,
-            "block_size": self.block_size,
-            "max_range_size": self.max_range_size,
-            "prefetch_bytes": self.prefetch_bytes,
-            "prefetch_count": self.prefetch_count,
-            "timeout": self.timeout,
-            "backoff_max": self.backoff_max,
-            "max_whole_video_bytes": self.max_whole_video_bytes,
-        }
-        for name, value in positive.items():
-            if not value > 0:
-                raise SourceError(f"StreamOptions.{name}={value!r}: must be > 0")
-        for name, value in {
-            "coalesce_gap": self.coalesce_gap,
-            "max_retries": self.max_retries,
-            "backoff_base": self.backoff_base,
-            "pin_ttl": self.pin_ttl,
-            "min_throughput": self.min_throughput,
-            "max_rate_limit_wait": self.max_rate_limit_wait,
-            "rate_limit_reserve": self.rate_limit_reserve,
-        }.items():
-            if value < 0:
-                raise SourceError(f"StreamOptions.{name}={value!r}: must be >= 0")
+        for name, least in _COUNTS.items():
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                raise SourceError(f"StreamOptions.{name}={value!r}: give a whole number >= {least}")
+        for name, bound in _SECONDS.items():
+            value = getattr(self, name)
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, (int, float))
+                or not math.isfinite(value)
+                or not (value > 0 if bound == ">" else value >= 0)
+            ):
+                raise SourceError(f"StreamOptions.{name}={value!r}: give a finite number {bound} 0")
+        for name in ("verify_checksums", "s3_anonymous"):
+            if not isinstance(getattr(self, name), bool):
+                raise SourceError(
+                    f"StreamOptions.{name}={getattr(self, name)!r}: give True or False"
+                )
+        for name in ("s3_endpoint_url", "s3_region"):
+            if not isinstance(getattr(self, name), (str, type(None))):
+                raise SourceError(
+                    f"StreamOptions.{name}={getattr(self, name)!r}: give a string, or None "
+                    "for the AWS default"
+                )
+        if self.cache_dir is not None and not isinstance(self.cache_dir, (str, os.PathLike)):
+            raise SourceError(
+                f"StreamOptions.cache_dir={self.cache_dir!r}: give a folder path (a str or "
+                "pathlib.Path), or None for the default"
+            )
         if self.s3_addressing not in _S3_ADDRESSING:
             raise SourceError(
                 f"StreamOptions.s3_addressing={self.s3_addressing!r}: use one of "

@@ -59,6 +59,7 @@ from ._access import origin
 from ._answers import redirect_target
 from ._client import MAX_REDIRECTS, Route
 from ._exceptions import FetchError, FileChangedError, RangeMismatchError, RetriesExhaustedError
+from ._exceptions import display_url as _display
 from ._models import FileRef
 from ._retry import retry_after, retryable_status
 from ._transport import READINTO
@@ -763,9 +764,6 @@ def _host_key(url: str, file: FileRef) -> str:
     if scheme not in ("http", "https"):
         raise FetchError(f"{file.url}: cannot read {scheme}:// URLs", url=file.url)
     return f"{host}:{port}"
-
-
-_display = stores.display_url
 
 
 def _content_length(headers: httpx2.Headers) -> int | None:

@@ -44,7 +44,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from .._exceptions import DecodeError, SourceError
+from .._exceptions import DecodeError, SourceError, display_url
 from .._models import FileRef
 from . import ByteSource, Decoder, ReadRequest, Unit
 from ._range_file import BufferLike as BufferLike
@@ -272,7 +272,7 @@ def _row_group_rows(metadata: pq.FileMetaData, name: str) -> int:
         logger.warning(
             "%s: its footer says %s rows, but its %s row groups hold %s; reading the row "
             "groups' rows, as pyarrow does",
-            name,
+            display_url(name),
             f"{total:,}",
             f"{len(counts):,}",
             f"{rows:,}",

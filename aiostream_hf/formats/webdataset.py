@@ -62,7 +62,7 @@ from typing import Any, Literal
 
 import pyarrow as pa
 
-from .._exceptions import DecodeError, FetchError, SourceError
+from .._exceptions import DecodeError, FetchError, SourceError, redact_urls
 from .._models import FileRef
 from . import ByteSource, Chunk, Position, ReadRequest, SequentialDecoder, SequentialParser, Unit
 from ._samples import (
@@ -307,7 +307,7 @@ class _Shard(SequentialParser):
     def report(self) -> None:
         """Warn (``on_error="warn"``) or log what was skipped since the last report."""
         problems, self.problems = self.problems, []
-        for message in problems:
+        for message in map(redact_urls, problems):
             if self.policy == "warn":
                 warnings.warn(message, SkippedShardWarning, stacklevel=2)
             else:

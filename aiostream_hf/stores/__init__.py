@@ -47,14 +47,13 @@ from .._sources import (
     unregister_bucket_scheme,
 )
 from . import http, hub, local, s3
-from ._refusal import Refusal, display_url
+from ._refusal import Refusal
 
 __all__ = [
     "BucketStore",
     "Lister",
     "Refusal",
     "Store",
-    "display_url",
     "for_file",
     "for_scheme",
     "for_source",

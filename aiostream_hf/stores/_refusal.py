@@ -2,17 +2,16 @@
 
 from __future__ import annotations
 
-import urllib.parse
 from dataclasses import dataclass
 from typing import Any
 
 import httpx2
 
 from .._access import Access
-from .._exceptions import FetchError
+from .._exceptions import FetchError, display_url
 from .._models import FileRef
 
-__all__ = ["Refusal", "display_url"]
+__all__ = ["Refusal"]
 
 
 @dataclass(frozen=True)
@@ -51,9 +50,3 @@ class Refusal:
             status=self.status,
             attempts=self.attempts,
         )
-
-
-def display_url(url: str) -> str:
-    """A URL for messages: without its query (signed CDN URLs carry credentials there)."""
-    parts = urllib.parse.urlsplit(url)
-    return parts._replace(query="", fragment="").geturl() if parts.query else url

@@ -80,6 +80,7 @@ from .._exceptions import (
     ResolutionError,
     SourceError,
 )
+from .._exceptions import display_url as _display
 from .._models import FileRef
 from .._options import StreamOptions
 from .._sources import BucketSource, has_glob
@@ -553,10 +554,6 @@ def _parse_xml(body: bytes) -> ET.Element:
 
 def _local(tag: str) -> str:
     return tag.rpartition("}")[2]
-
-
-def _display(url: str) -> str:
-    return url.split("?", 1)[0]
 
 
 # -- choosing objects ----------------------------------------------------------------------
