@@ -15,9 +15,11 @@ its ``_Demuxed`` (``_video_demux``).
 from __future__ import annotations
 
 import bisect
+import functools
 from typing import Any
 
 import anyio
+import anyio.from_thread
 import anyio.to_thread
 
 from ._exceptions import DecodeError
@@ -213,7 +215,8 @@ async def _load(
     file: FileRef, source: ByteSource, stats: dict[str, Any], max_whole: int
 ) -> _Indexed | _Demuxed:
     """The file's index, or, without one, the whole file when it is at most ``max_whole``
-    bytes (``StreamOptions.max_whole_video_bytes``), checked before its body is read."""
+    bytes (``StreamOptions.max_whole_video_bytes``), else a way to read it by range in
+    bounded blocks, at most ``max_whole`` bytes per pass (``_video_demux``)."""
     name = file.path
     reads = await _read_ends(file, source, stats)
     table = await _moov_at_end(reads, name)
@@ -234,15 +237,25 @@ async def _load(
     if isinstance(found, SampleTable):
         # A file the first reads hold whole is kept: its frames need no request.
         return await anyio.to_thread.run_sync(_Indexed, found, reads.whole())
-    if reads.size > max_whole:
-        raise DecodeError(
-            f"{name}: {found.reason}, so it would be read whole, and it is {reads.size:,} "
-            f"bytes, over StreamOptions.max_whole_video_bytes={max_whole:,}: raise that "
-            "option, or re-mux it as an MP4 with its index "
-            "(ffmpeg -i IN -c copy -movflags faststart OUT.mp4)"
+    if reads.size <= max_whole:  # held whole: its frames need no more requests
+        data = await reads.get(0, reads.size)
+        return await anyio.to_thread.run_sync(_Demuxed, data, found, name)
+    # Over the option: FFmpeg reads it by range, in bounded blocks, from its thread.
+
+    async def read_block(start: int, end: int) -> bytes:
+        (block,) = await source.read_ranges(file, [(start, end)])
+        stats["frame_requests"] = stats.get("frame_requests", 0) + 1
+        stats["frame_bytes"] = stats.get("frame_bytes", 0) + len(block)
+        return block
+
+    def fetch(start: int, end: int) -> bytes:  # in a worker thread
+        return anyio.from_thread.run(read_block, start, end)
+
+    return await anyio.to_thread.run_sync(
+        functools.partial(
+            _Demuxed, None, found, name, fetch=fetch, size=reads.size, limit=max_whole
         )
-    data = await reads.get(0, reads.size)
-    return await anyio.to_thread.run_sync(_Demuxed, data, found, name)
+    )
 
 
 async def _moov_at_end(reads: _Reads, name: str) -> SampleTable | None:

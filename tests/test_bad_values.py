@@ -36,6 +36,7 @@ BAD: dict[str, list[Any]] = {
     "coalesce_gap": COUNT,
     "prefetch_bytes": [*COUNT, 0],
     "prefetch_count": [*COUNT, 0],
+    "max_whole_video_bytes": [*COUNT, 0],
     "max_retries": COUNT,
     "backoff_base": SECONDS,
     "backoff_max": [*SECONDS, 0],

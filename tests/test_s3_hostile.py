@@ -110,7 +110,8 @@ async def test_a_listing_with_a_dtd_in_any_encoding_is_refused(
     with pytest.raises(ash.ResolutionError) as info:
         await _collect(ash.stream("s3://bkt/p/", options=_options(endpoint)))
     message = str(info.value)
-    assert f"GET {endpoint.url}/bkt answered " in message
+    assert f"GET {endpoint.url}/bkt" in message
+    assert " answered " in message
     assert "<!DOCTYPE>" in message or "malformed XML" in message
     assert "secret" not in message
     assert all("list-type=2" in p for p in endpoint.paths)  # no object was read
