@@ -74,11 +74,11 @@ class StreamOptions:
         written with ``write_page_checksum=True``): a page whose bytes changed raises
         ``DecodeError`` naming the file and row group instead of giving wrong rows.
         Pages without a CRC are read as before. False skips the check.
-    max_whole_video_bytes: the largest video file read whole into memory: one without
-        an MP4 index read by range (Matroska/WebM, fragmented MP4, an edit list or codec
-        the index reader does not take), which FFmpeg demuxes from memory. A larger one
-        raises ``DecodeError`` naming the file, checked against its size before any of
-        its body is read. The file's bytes are held once, for the reader's life.
+    max_whole_video_bytes: for a video without an MP4 index read by range
+        (Matroska/WebM, fragmented MP4, an edit list or codec the index reader does not
+        take), which FFmpeg demuxes: the largest read whole and held for the reader's
+        life. A larger one is read by range in bounded blocks, each pass of FFmpeg over
+        it fetching at most this many bytes, else ``DecodeError`` naming the file.
 
     How ``s3://`` sources are reached (the ``s3`` extra; see docs/object-stores.md). Each
     defaults to the standard AWS variables and config files, as boto3 reads them:
