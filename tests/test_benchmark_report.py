@@ -360,12 +360,22 @@ def test_the_markdown_says_why_under_the_missed_ratios(tmp_path: Path) -> None:
             assert line in section
 
 
-def _video() -> dict[str, Any]:
-    return json.loads((RESULTS / "video.json").read_text())
+def _video(*missed: str) -> dict[str, Any]:
+    """The recorded video run, with the ratios named ``missed`` marked as missed (an
+    explanation is written only for a missed ratio, whatever the recorded run met)."""
+    data: dict[str, Any] = json.loads((RESULTS / "video.json").read_text())
+    for r in data["ratios"]:
+        if r["ratio"] in missed:
+            r["met"] = False
+    return data
+
+
+FRAMES = "frames: time aiostream / pyav-local"
+FRAMES_50 = "frames-50MBps (cap 50 MB/s per connection): time aiostream / pyav-local"
 
 
 def test_an_explanation_reads_its_figures_from_the_run() -> None:
-    data = _video()
+    data = _video(FRAMES_50)
     rounds = data["workloads"]["frames-50MBps"]["rounds"]
     for r in rounds:  # every round's local read 100 ms longer: the lead is 100 ms shorter
         r["pyav-local"]["seconds"] += 0.1
@@ -397,7 +407,7 @@ def test_a_met_ratio_has_no_line_and_an_unknown_missed_one_says_so() -> None:
 
 
 def test_a_run_that_lacks_a_figure_is_not_explained_rather_than_failing() -> None:
-    data = _video()
+    data = _video(FRAMES)
     for r in data["workloads"]["frames"]["rounds"]:
         del r["pyav-local"]
     lines = shortfalls.explain("video", data)
