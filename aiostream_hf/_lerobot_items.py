@@ -17,7 +17,7 @@ from ._lerobot_meta import _all
 from ._lerobot_readers import _ReaderPool
 from ._lerobot_rows import _Row
 from ._models import FileRef
-from .video import VideoReader
+from .video import VideoReader, seconds
 
 if TYPE_CHECKING:
     from ._lerobot_plan import _Plan
@@ -144,7 +144,7 @@ def _explain(
             return FrameTimestampError(
                 f"{plan.meta.source}: {key} of episode {row.episode.info.index} (row "
                 f"{row.episode.info.dataset_from_index + row.pos}, frame {row.pos}): timestamp "
-                f"{t!r}s in {span.file.path} {what}; the episode spans "
+                f"{seconds(t)} in {span.file.path} {what}; the episode spans "
                 f"[{span.from_timestamp}, {span.to_timestamp}]s of that file ({exc})"
             )
     return FrameTimestampError(f"{plan.meta.source}: {key}: {exc}")

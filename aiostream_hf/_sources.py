@@ -187,6 +187,9 @@ _SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*)://")
 _GLOB_MAGIC = re.compile(r"[*?[]")
 _HF_REPO_TYPES = {"models": "model", "spaces": "space", "kernels": "kernel", "buckets": "bucket"}
 _HF_SINGULAR = {"dataset", "model", "space", "kernel", "bucket"}
+# A Hub repo id as datasets users write it ('org/name'): two names, the last without a
+# file suffix ('data/train.parquet' that does not exist is a missing local file).
+_REPO_ID = re.compile(r"[A-Za-z0-9][\w-]*(?:\.[\w-]+)*/[A-Za-z0-9][\w-]*")
 
 
 def has_glob(path: str) -> bool:
@@ -476,6 +479,12 @@ def _local_sources(paths: list[str], source: object) -> list[Source]:
                 raise _fail(f"local directory {raw!r} has no files", source)
         elif os.path.lexists(path):
             raise _fail(f"local path {raw!r} is not a regular file or directory", source)
+        elif _REPO_ID.fullmatch(raw):
+            # How datasets users name a repo ('org/name'): say which URI that is.
+            raise SourceError(
+                f"local path {raw!r} does not exist; for the Hub dataset {raw}, "
+                f"pass 'hf://datasets/{raw}'"
+            )
         else:
             raise _fail(f"local path {raw!r} does not exist", source)
         result.extend(LocalSource(file) for file in files)

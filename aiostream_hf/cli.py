@@ -719,12 +719,14 @@ def frames(
     sheet = contact_sheet(result["data"], columns=cols)
     write_or_fail(out, "the contact sheet", lambda: write_png(out, sheet))
     click.echo(
-        f"wrote {out}: {len(result['pts'])} frames of {result['width']}x{result['height']} "
+        f"wrote {out}: {_plural(len(result['pts']), 'frame')} of "
+        f"{result['width']}x{result['height']} "
         f"{result['codec']} at {', '.join(f'{t:.3f}' for t in result['pts'])} s"
     )
     size = result["size"]
     share = f" of {human_bytes(size)} ({100 * result['bytes'] / size:.0f}%)" if size else ""
-    click.echo(f"fetched {human_bytes(result['bytes'])}{share} in {result['requests']} requests")
+    requests = _plural(result["requests"], "request")
+    click.echo(f"fetched {human_bytes(result['bytes'])}{share} in {requests}")
 
 
 async def _frames(
@@ -904,6 +906,7 @@ def hub_serve(
     """
     from .testing._hub_server import serve_forever
 
+    click.echo(_served_repos(root), err=True)
     serve_forever(
         {
             "root": str(root),
@@ -925,6 +928,30 @@ def hub_serve(
         },
         ready=sys.stdout,
     )
+
+
+def _plural(n: int, noun: str) -> str:
+    """``1 frame``, ``2 frames``."""
+    return f"{n:,} {noun}{'' if n == 1 else 's'}"
+
+
+def _served_repos(root: Path) -> str:
+    """A line for stderr: the repos ``hub serve`` finds under ``root``, or a warning
+    naming the layout it expects when there is none."""
+    folder = root / "datasets"
+    repos = (
+        sorted(f"{p.parent.name}/{p.name}" for p in folder.glob("*/*") if p.is_dir())
+        if folder.is_dir()
+        else []
+    )
+    if not repos:
+        return (
+            f"aiostream-hf: WARNING: no dataset repo under {root}: each folder "
+            f"{folder}/ORG/NAME/ is served as the repo ORG/NAME (`aiostream-hf demo` writes "
+            "such folders); until one exists every repo is answered 'not found'."
+        )
+    shown = ", ".join(repos[:5]) + (f" and {len(repos) - 5} more" if len(repos) > 5 else "")
+    return f"serving {_plural(len(repos), 'dataset repo')}: {shown}"
 
 
 if __name__ == "__main__":

@@ -26,9 +26,15 @@ import os
 from collections.abc import Iterator, Sequence
 from typing import Any, Protocol
 
-import torch
-import torch.distributed
-import torch.utils.data
+try:
+    import torch
+    import torch.distributed
+    import torch.utils.data
+except ImportError as exc:
+    raise ImportError(
+        f"aiostream_hf.torch needs PyTorch, which cannot be imported ({exc}): "
+        "pip install 'aiostream-hf[torch]'"
+    ) from exc
 
 from . import _bridge, _ranks, _resolver, lerobot
 from ._exceptions import SourceError

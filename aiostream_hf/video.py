@@ -39,7 +39,7 @@ import anyio.to_thread
 import numpy as np
 import numpy.typing as npt
 
-from ._exceptions import ClosedResourceError, DecodeError, FrameTimestampError
+from ._exceptions import ClosedResourceError, DecodeError, FrameTimestampError, SourceError
 from ._models import FileRef
 from ._mp4 import HEAD_READ_SIZE as HEAD_READ_SIZE
 from ._mp4 import TAIL_READ_SIZE as TAIL_READ_SIZE
@@ -302,14 +302,14 @@ class VideoReader:
         index = self._opened()
         wanted = np.asarray(timestamps, dtype=np.float64)
         if wanted.ndim != 1:
-            raise ValueError(
+            raise SourceError(
                 f"frames_at of {self.file.path}: timestamps must be one-dimensional, "
                 f"got shape {wanted.shape}"
             )
         if tolerance_s is None:
             positions = _played_at(index, wanted, self.file.path)
         elif isinstance(tolerance_s, bool) or not tolerance_s >= 0:
-            raise ValueError(
+            raise SourceError(
                 f"frames_at of {self.file.path}: tolerance_s={tolerance_s!r}: give seconds "
                 ">= 0 (the nearest frame within them), or leave it out (the frame on screen)"
             )
@@ -323,7 +323,10 @@ class VideoReader:
         for value in (start, end):
             _check_in_range(index, float(value), self.file.path)
         if end < start:
-            raise ValueError(f"frames_in_range of {self.file.path}: end {end} < start {start}")
+            raise SourceError(
+                f"frames_in_range of {self.file.path}: end {end} < start {start}: give the "
+                "start of the range first (seconds, start <= end)"
+            )
         lo = int(np.searchsorted(index.shown_s, start - 1e-9, side="left"))
         hi = int(np.searchsorted(index.shown_s, end - 1e-9, side="left"))
         return await self._frames(index, np.arange(lo, hi, dtype=np.int64))
@@ -352,10 +355,21 @@ class VideoReader:
 # -- timestamps --------------------------------------------------------------------------
 
 
+def seconds(t: float) -> str:
+    """A timestamp for a message: ``1.5s``, but ``nan`` and ``inf`` said as such (not
+    "nans", "infs")."""
+    if t != t:
+        return "nan (not a number)"
+    if t in (float("inf"), float("-inf")):
+        return f"{t!r} (infinite)"
+    return f"{t!r}s"
+
+
 def _check_in_range(index: _Indexed | _Demuxed, t: float, name: str) -> None:
     if not 0.0 <= t <= index.duration + 1e-9:
         raise FrameTimestampError(
-            f"{name}: timestamp {t!r}s is outside the video, which spans [0, {index.duration:.6f}]s"
+            f"{name}: timestamp {seconds(t)} is outside the video, which spans "
+            f"[0, {index.duration:.6f}]s"
         )
 
 
@@ -378,7 +392,7 @@ def _played_at(index: _Indexed | _Demuxed, wanted: Array, name: str) -> Array:
             else "at or after the end of the last frame"
         )
         raise FrameTimestampError(
-            f"{name}: timestamp {t!r}s is outside the video ({where}): its frames play in "
+            f"{name}: timestamp {seconds(t)} is outside the video ({where}): its frames play in "
             f"[{first!r}, {end!r})s; give a time in that range"
         )
     positions: Array = np.searchsorted(shown, wanted, side="right") - 1

@@ -515,6 +515,14 @@ def _read_png(path: Path) -> np.ndarray[Any, Any]:
         return image
 
 
+def test_frames_says_one_frame_in_the_singular(hub: HubServer, tmp_path: Path) -> None:
+    out = tmp_path / "one.png"
+    url = "hf://datasets/org/robot/videos/episode_000000.mp4"
+    text = ok(run("frames", url, "--at", "0.5", "--out", str(out), *endpoint(hub)))
+    assert f"wrote {out}: 1 frame of {W}x{H} h264 at 0.500 s" in text
+    assert re.search(r"in \d+ requests?$", text.strip())
+
+
 def test_frames_writes_a_contact_sheet(hub: HubServer, tmp_path: Path) -> None:
     out = tmp_path / "sheet.png"
     url = "hf://datasets/org/robot/videos/episode_000000.mp4"
@@ -771,6 +779,35 @@ def test_hub_serve_prints_its_endpoints_and_serves(hub: HubServer) -> None:
         proc.stdout.close()
 
 
+def _serve_stderr(root: Path) -> str:
+    """What `hub serve ROOT` writes on stderr before it is stopped."""
+    cmd = [sys.executable, "-m", "aiostream_hf.cli", "hub", "serve", str(root)]
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True
+    )
+    try:
+        assert proc.stdout is not None
+        json.loads(proc.stdout.readline())  # ready
+    finally:
+        proc.terminate()
+        _, err = proc.communicate(timeout=20)
+    return err
+
+
+def test_hub_serve_warns_when_it_finds_no_repo(tmp_path: Path) -> None:
+    (tmp_path / "datasets" / "text").mkdir(parents=True)  # an ORG with no NAME under it
+    err = _serve_stderr(tmp_path)
+    assert "WARNING: no dataset repo under" in err
+    assert f"{tmp_path / 'datasets'}/ORG/NAME/" in err
+
+
+def test_hub_serve_names_the_repos_it_serves(hub: HubServer) -> None:
+    err = _serve_stderr(hub.root)
+    assert "WARNING" not in err
+    assert err.startswith("serving ")
+    assert "org/images" in err
+
+
 def test_hub_serve_errors(tmp_path: Path) -> None:
     usage_error(run("hub", "serve", str(tmp_path), "--private", "org-only"), "ORG/NAME=TOKEN")
     one_line_error(run("hub", "serve", str(tmp_path / "missing")))
@@ -821,3 +858,12 @@ def test_demo_quick(tmp_path: Path) -> None:
 
 def test_version() -> None:
     assert "version" in ok(run("--version"))
+
+
+@pytest.mark.parametrize("command", ["ls", "head"])
+def test_a_bare_repo_id_is_one_line_naming_its_uri(
+    command: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    line = one_line_error(run(command, "demo/text"), "pass 'hf://datasets/demo/text'")
+    assert len(line) < 200

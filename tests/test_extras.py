@@ -221,6 +221,24 @@ def test_without_ray_the_package_imports_and_aiostream_hf_ray_names_the_extra() 
     assert second.endswith("): pip install 'aiostream-hf[ray]'")
 
 
+WITHOUT_TORCH = """
+import sys
+sys.modules["torch"] = None  # as if the torch extra were not installed
+try:
+    import aiostream_hf.torch
+except ImportError as exc:
+    print(exc)
+"""
+
+
+def test_without_torch_aiostream_hf_torch_names_the_extra() -> None:
+    proc = run_python(WITHOUT_TORCH)
+    assert proc.returncode == 0, proc.stderr
+    (line,) = proc.stdout.splitlines()
+    assert line.startswith("aiostream_hf.torch needs PyTorch, which cannot be imported (")
+    assert line.endswith("): pip install 'aiostream-hf[torch]'")
+
+
 # -- without the s3 extra (botocore) ----------------------------------------------------
 
 WITHOUT_BOTOCORE = """

@@ -783,3 +783,34 @@ async def test_entry_points_request_only_inside_the_repo(hub: HubServer, entry: 
     paths = hub.stats().paths
     assert any("/org/repo/" in p for p in paths)
     assert [p for p in paths if not _inside_the_repo(p)] == []
+
+
+@pytest.mark.parametrize("repo", ["demo/text", "HuggingFaceFW/fineweb-edu", "allenai/c4"])
+def test_a_bare_repo_id_is_pointed_to_its_hub_uri(
+    repo: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """How datasets users name a repo: not a local path here, so say the hf:// URI."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SourceError, match=re.escape(f"pass 'hf://datasets/{repo}'")) as caught:
+        parse_sources(repo)
+    assert "Accepted sources" not in str(caught.value)  # no boilerplate after the way out
+
+
+@pytest.mark.parametrize("path", ["data/train.parquet", "a/b/c", "./demo/text", "text"])
+def test_a_missing_path_that_is_no_repo_id_lists_the_forms(
+    path: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SourceError, match="does not exist. Accepted sources") as caught:
+        parse_sources(path)
+    assert "hf://datasets/" + path not in str(caught.value)
+
+
+def test_a_repo_id_that_exists_locally_is_read_as_a_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "demo" / "text").mkdir(parents=True)
+    (tmp_path / "demo" / "text" / "a.parquet").write_bytes(b"x")
+    monkeypatch.chdir(tmp_path)
+    (source,) = parse_sources("demo/text")
+    assert isinstance(source, LocalSource)

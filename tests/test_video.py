@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import itertools
+import re
 import struct
 from collections.abc import AsyncIterator, Iterator, Sequence
 from fractions import Fraction
@@ -1299,12 +1300,20 @@ async def test_strict_rule_timestamp_errors(videos: Videos) -> None:
         frames = await reader.frames_at([t[11] - 0.01], tolerance_s=0.02)  # nearest: after
         assert_frames(oracle, frames, [t[11]])
         for wrong in (-1.0, float("nan"), True):
-            with pytest.raises(ValueError, match="tolerance_s"):
+            with pytest.raises(SourceError, match="tolerance_s"):
                 await reader.frames_at([t[0]], tolerance_s=wrong)
         with pytest.raises(FrameTimestampError, match="outside"):
             await reader.frames_in_range(0.0, reader.duration + 1)
-        with pytest.raises(ValueError, match="one-dimensional"):
+        with pytest.raises(SourceError, match="one-dimensional"):
             await reader.frames_at([[0.0]])  # type: ignore[list-item]
+        for odd, said in ((float("nan"), "nan (not a number)"), (float("inf"), "inf (infinite)")):
+            with pytest.raises(FrameTimestampError, match=re.escape(f"timestamp {said} is")):
+                await reader.frames_at([odd])
+            with pytest.raises(FrameTimestampError, match=re.escape(f"timestamp {said} is")):
+                await reader.frames_at([odd], tolerance_s=0.1)
+        # The library's error (a ValueError too), with the way out.
+        with pytest.raises(SourceError, match=r"end 0.1 < start 0.2: give the start"):
+            await reader.frames_in_range(0.2, 0.1)
 
 
 async def test_reader_lifecycle(videos: Videos) -> None:
