@@ -344,7 +344,15 @@ async def _resolve_all(
 
 @main.command("head")
 @click.argument("source")
-@click.option("-n", "--num", "n", default=5, show_default=True, type=click.IntRange(min=1))
+@click.option(
+    "-n",
+    "--num",
+    "n",
+    default=5,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="How many samples (rows, or WebDataset samples) to print.",
+)
 @_columns_option
 @click.option("--split", help="The split to read (default: every split, in order).")
 @click.option("--config", help="The config to read (default: the dataset's default).")
@@ -829,7 +837,7 @@ def _grant(values: tuple[str, ...], option: str) -> dict[str, list[str]]:
 
 @hub.command("serve")
 @click.argument("root", type=click.Path(path_type=Path))
-@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--host", default="127.0.0.1", show_default=True, help="The address to listen on.")
 @click.option("--port", type=PORT, default=0, show_default=True, help="Hub port (0: a free one).")
 @click.option(
     "--cdn-port", type=PORT, default=0, show_default=True, help="CDN port (0: a free one)."
@@ -865,8 +873,20 @@ def _grant(values: tuple[str, ...], option: str) -> dict[str, list[str]]:
     show_default=True,
     help="Share of bodies cut mid-way.",
 )
-@click.option("--slow-first-byte-rate", type=FiniteFloat(0, 1), default=0.0, show_default=True)
-@click.option("--slow-first-byte-ms", type=FiniteFloat(min=0), default=1000.0, show_default=True)
+@click.option(
+    "--slow-first-byte-rate",
+    type=FiniteFloat(0, 1),
+    default=0.0,
+    show_default=True,
+    help="Share of answers whose first byte waits --slow-first-byte-ms.",
+)
+@click.option(
+    "--slow-first-byte-ms",
+    type=FiniteFloat(min=0),
+    default=1000.0,
+    show_default=True,
+    help="How long a slow first byte waits.",
+)
 @click.option("--api-quota", type=click.IntRange(min=0), help="API requests per client per window.")
 @click.option(
     "--resolvers-quota",

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import av
+import click
 import httpx2
 import numpy as np
 import pytest
@@ -867,3 +868,17 @@ def test_a_bare_repo_id_is_one_line_naming_its_uri(
     monkeypatch.chdir(tmp_path)
     line = one_line_error(run(command, "demo/text"), "pass 'hf://datasets/demo/text'")
     assert len(line) < 200
+
+
+def test_every_option_of_every_command_has_help() -> None:
+    """`--help` explains each option (`head -n` had none)."""
+    missing = []
+    commands = [(name, cmd) for name, cmd in main.commands.items()]
+    for name, cmd in list(commands):
+        if isinstance(cmd, click.Group):
+            commands += [(f"{name} {sub}", c) for sub, c in cmd.commands.items()]
+    for name, cmd in commands:
+        for param in cmd.params:
+            if isinstance(param, click.Option) and not param.help and not param.hidden:
+                missing.append(f"{name} {param.opts[0]}")
+    assert missing == []
