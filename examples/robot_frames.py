@@ -77,10 +77,13 @@ async def items(repo: str, endpoint: str | None, args: argparse.Namespace) -> No
     print(f"item keys besides the frames: {keys}")
     print(f"first item: episode {int(first['episode_index'])}, task {first['task']!r}")
     video = stats.video
+    fetched = video.get("index_bytes", 0) + video.get("frame_bytes", 0)
+    reads = video.get("index_requests", 0) + video.get("frame_requests", 0)
+    files = stats.videos_opened
     print(
-        f"video bytes fetched: {video.get('index_bytes', 0) + video.get('frame_bytes', 0):,} "
-        f"({video.get('frame_requests', 0)} frame reads, {video.get('packets_decoded', 0)} "
-        f"packets decoded) from {stats.videos_opened} video files"
+        f"video bytes fetched: {fetched:,} in {_n(reads, 'read')} ({_n(files, 'video file')}; "
+        "a small file's first read holds all of it, and its frames need no more), "
+        f"{_n(video.get('packets_decoded', 0), 'packet')} decoded"
     )
     # The lower-level API: frames of one file by timestamp.
     episode = meta.episodes[0]
@@ -93,8 +96,12 @@ async def items(repo: str, endpoint: str | None, args: argparse.Namespace) -> No
     print(
         f"video.open({span.file.path}): {what}; frames_at({[round(t, 3) for t in times]}) "
         f"-> {tuple(got.data.shape)}, {vs.index_bytes + vs.frame_bytes:,} bytes in "
-        f"{vs.index_requests + vs.frame_requests} reads"
+        f"{_n(vs.index_requests + vs.frame_requests, 'read')}"
     )
+
+
+def _n(count: int, noun: str) -> str:
+    return f"{count:,} {noun}{'' if count == 1 else 's'}"
 
 
 def main() -> None:

@@ -150,6 +150,9 @@ def test_robot_frames_local() -> None:
     assert "observation.images.top: uint8 (2, 480, 640, 3) at t[-0.033, 0.0] s" in out
     assert "observation.images.top_is_pad" in out
     assert re.search(r"frames_at\(\[.*\]\) -> \(3, 480, 640, 3\)", out)
+    # Reads counted as reads: the index read of a small file holds it whole (was "0 frame
+    # reads" beside its bytes).
+    assert re.search(r"video bytes fetched: [\d,]+ in 1 read \(1 video file;", out)
 
 
 def test_robot_frames_given_a_repo(hub: HubServer) -> None:
