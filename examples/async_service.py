@@ -102,6 +102,8 @@ async def serve(source: str, endpoint: str | None, args: argparse.Namespace, loc
         done.set()  # every handler is done: stop the ticker
     seconds = time.perf_counter() - started
     print(f"scored {scored:,} rows in {seconds:.2f} s ({scored / seconds:,.0f} rows/s)")
+    if "filter" in kwargs:
+        print(f"the stream kept only the rows where {kwargs['filter']} (filter=)")
     print(
         f"with {args.handlers} concurrent handlers; longest event-loop stall: {stall * 1000:.0f} ms"
     )

@@ -88,6 +88,7 @@ def test_async_service_local() -> None:
     out = run_example("async_service.py", "--limit", "300")
     assert out.startswith("local Hub server at http://localhost:")
     assert re.search(r"^scored 300 rows in [\d.]+ s", out, re.M)
+    assert "the stream kept only the rows where (score > 0.5) (filter=)" in out  # not hidden
     assert "longest event-loop stall:" in out
     assert re.search(r"^requests: 2 api, \d resolvers, \d+ range reads", out, re.M)
 
@@ -97,6 +98,7 @@ def test_async_service_given_a_repo(hub: HubServer) -> None:
         "async_service.py", "hf://datasets/someone/text", "--limit", "0", env=given(hub)
     )
     assert re.search(r"^scored 300 rows in ", out, re.M)  # every row of both files
+    assert "filter" not in out
 
 
 # -- DataLoader training ----------------------------------------------------------------
