@@ -255,12 +255,19 @@ async def open_readers(
     and the environment (``find_access``). Every entry point builds its readers here."""
     if access is None:
         access = await find_access(token, endpoint)
-    async with (
-        use_client(client) as hub,
-        Resolver(options=options, client=hub, access=access) as resolver,
-        RangeFetcher(options, access=access, client=hub) as fetcher,
-    ):
-        yield Readers(hub, resolver, fetcher, access)
+    async with use_client(client) as hub:
+        readers = make_readers(options, access, hub)
+        async with readers.resolver, readers.fetcher:
+            yield readers
+
+
+def make_readers(options: StreamOptions, access: Access, client: HubClient) -> Readers:
+    """A resolver and a fetcher over ``client`` with ``access``, not yet entered: what
+    ``open_readers`` enters, and what an owner that keeps them past one ``async with``
+    (webdataset's gopen hook, per process) closes itself (``fetcher.aclose()``, then
+    ``resolver.aclose()``)."""
+    resolver = Resolver(options=options, client=client, access=access)
+    return Readers(client, resolver, RangeFetcher(options, access=access, client=client), access)
 
 
 @dataclass(frozen=True, kw_only=True)

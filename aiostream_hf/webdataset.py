@@ -40,12 +40,13 @@ from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from functools import partial
 from typing import Any
 
+import anyio
+
 from . import _bridge
-from ._access import Access, find_access
+from ._access import find_access
 from ._client import HubClient
-from ._engine import open_readers
+from ._engine import Readers, make_readers, open_readers
 from ._exceptions import SourceError
-from ._fetcher import RangeFetcher
 from ._models import FileRef, Manifest
 from ._options import StreamOptions
 from ._ranks import environment_rank
@@ -170,41 +171,37 @@ class _Opener:
         self.shared = shared
         self._lock = threading.Lock()
         self._pid = -1
-        self._hub: HubClient | None = None
-        self._resolver: Resolver | None = None
-        self._fetcher: RangeFetcher | None = None
-        self._access: Access | None = None
+        self._reset()
+
+    def _reset(self) -> None:
+        self._readers: Readers | None = None
+        self._making: anyio.Lock | None = None  # made on the bridge's loop, where it is used
         self._files: dict[str, FileRef] = {}
 
     def _check_process(self) -> None:
         with self._lock:
             if self._pid != os.getpid():  # first use, or a forked child: start afresh
                 self._pid = os.getpid()
-                self._hub = None
-                self._resolver = self._fetcher = None
-                self._access = None
-                self._files = {}
+                self._reset()
 
-    async def _found_access(self) -> Access:
-        """The endpoint and token of this process's shards: found at the first shard
-        opened (from token=/endpoint=, else the environment then), then kept."""
-        if self._access is None:
-            self._access = await find_access(self.token, self.endpoint)
-        return self._access
+    async def _shared(self) -> Readers:
+        """This process's readers (``make_readers``, over a client of their own): made at
+        the first shard opened, with the access found then (token=/endpoint=, else the
+        environment), and kept for the shards after it until ``close``."""
+        if self._making is None:
+            self._making = anyio.Lock()
+        async with self._making:
+            if self._readers is None:
+                access = await find_access(self.token, self.endpoint)
+                self._readers = make_readers(self.options, access, HubClient())
+            return self._readers
 
-    async def _file(self, url: str, resolver: Resolver | None) -> FileRef:
+    async def _file(self, url: str, resolver: Resolver) -> FileRef:
         known = self._files.get(url)
         if known is not None:
             return known
         (source,) = parse_sources(url)
         if isinstance(source, HubSource):
-            if resolver is None:
-                if self._resolver is None:
-                    access = await self._found_access()
-                    self._resolver = Resolver(
-                        options=self.options, client=self._client(), access=access
-                    )
-                resolver = self._resolver
             manifest = await resolver.resolve(url)
             if len(manifest.files) != 1:
                 raise SourceError(
@@ -217,43 +214,28 @@ class _Opener:
         self._files[url] = file
         return file
 
-    def _client(self) -> HubClient:
-        if self._hub is None or self._hub.closed:
-            self._hub = HubClient()
-        return self._hub
-
-    async def _source(self) -> RangeFetcher:
-        access = await self._found_access()
-        if self._fetcher is None or self._fetcher.closed:
-            self._fetcher = RangeFetcher(self.options, access=access, client=self._client())
-        return self._fetcher
-
     async def blocks(self, url: str) -> AsyncIterator[bytes]:
         """The shard's bytes, in blocks of ``options.block_size`` (one long GET)."""
         if self.shared:
-            file = await self._file(url, None)
-            async with (await self._source()).iter_bytes(file) as blocks:
+            readers = await self._shared()
+            file = await self._file(url, readers.resolver)
+            async with readers.fetcher.iter_bytes(file) as blocks:
                 async for block in blocks:
                     yield block
             return
         async with open_readers(self.options, token=self.token, endpoint=self.endpoint) as r:
-            resolver, fetcher = r.resolver, r.fetcher
-            file = await self._file(url, resolver)
-            async with fetcher.iter_bytes(file) as blocks:
+            file = await self._file(url, r.resolver)
+            async with r.fetcher.iter_bytes(file) as blocks:
                 async for block in blocks:
                     yield block
 
     def close(self) -> None:
-        """Close the fetcher and resolver of this process (waits for them on the bridge)."""
+        """Close the readers and client of this process (waits for them on the bridge)."""
         self._check_process()
-        fetcher, resolver, self._fetcher, self._resolver = self._fetcher, self._resolver, None, None
-        hub, self._hub = self._hub, None
-        if fetcher is not None:
-            _bridge.portal().call(fetcher.aclose)
-        if resolver is not None:
-            _bridge.portal().call(resolver.aclose)
-        if hub is not None:
-            _bridge.portal().call(hub.aclose)
+        readers, self._readers = self._readers, None
+        if readers is not None:
+            for resource in (readers.fetcher, readers.resolver, readers.client):
+                _bridge.portal().call(resource.aclose)
 
     def open(self, url: str) -> ShardFile:
         self._check_process()

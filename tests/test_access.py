@@ -146,15 +146,15 @@ async def test_frames_and_lerobot_read_a_private_repo(
     _no_token_elsewhere(hub)
 
 
-@pytest.mark.parametrize("way", ["HF_TOKEN", "HF_HOME/token"])
+@pytest.mark.parametrize("way", WAYS)
 def test_webdataset_gopen_reads_a_private_repo(
     way: str, hub: HubServer, plain_env: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import webdataset as wds
 
-    _apply(way, hub, plain_env, monkeypatch)
+    kwargs = _apply(way, hub, plain_env, monkeypatch)
     hub.reset_stats()
-    ash.webdataset.install_gopen()
+    ash.webdataset.install_gopen(**kwargs)
     try:
         urls = [f"hf://datasets/org/shards/data/train-00000{i}.tar" for i in range(2)]
         got = list(wds.WebDataset(urls, shardshuffle=False))
@@ -165,7 +165,7 @@ def test_webdataset_gopen_reads_a_private_repo(
 
 
 @pytest.mark.torch
-@pytest.mark.parametrize("way", ["HF_TOKEN", "HF_TOKEN_PATH"])
+@pytest.mark.parametrize("way", WAYS)
 def test_torch_workers_read_a_private_repo(
     way: str, hub: HubServer, plain_env: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -173,11 +173,13 @@ def test_torch_workers_read_a_private_repo(
 
     from aiostream_hf.torch import StreamDataset
 
-    _apply(way, hub, plain_env, monkeypatch)
-    dataset = StreamDataset("hf://datasets/org/text", split="train", columns=["id"])
-    # The access was found in this process; the workers are told it, and look nothing up.
-    monkeypatch.delenv("HF_TOKEN", raising=False)
-    monkeypatch.delenv("HF_TOKEN_PATH", raising=False)
+    kwargs = _apply(way, hub, plain_env, monkeypatch)
+    dataset = StreamDataset("hf://datasets/org/text", split="train", columns=["id"], **kwargs)
+    # The access was found in this process; the workers are told it, and look nothing up:
+    # the token and the endpoint are gone from their environment and HF_HOME.
+    for name in ("HF_TOKEN", "HF_TOKEN_PATH", "HF_ENDPOINT"):
+        monkeypatch.delenv(name, raising=False)
+    (plain_env / "token").unlink(missing_ok=True)
     ids = [
         int(i) for batch in DataLoader(dataset, num_workers=2, batch_size=5) for i in batch["id"]
     ]
@@ -305,10 +307,9 @@ def test_hf_endpoint_set_before_import_in_a_fresh_process(hub: HubServer, tmp_pa
     assert json.loads(run.stdout) == {"rows": ROWS, "frames": 1}
 
 
+@pytest.mark.parametrize("way", ["--token", *WAYS[1:4]])
 @pytest.mark.parametrize("command", ["ls", "head", "frames"])
-def test_cli_reads_a_private_repo_with_hf_token(
-    command: str, hub: HubServer, tmp_path: Path
-) -> None:
+def test_cli_reads_a_private_repo(command: str, way: str, hub: HubServer, tmp_path: Path) -> None:
     args = {
         "ls": ["ls", "hf://datasets/org/text"],
         "head": ["head", "hf://datasets/org/text", "-n", "3"],
@@ -323,10 +324,20 @@ def test_cli_reads_a_private_repo_with_hf_token(
     }[command]
     home = tmp_path / "home"
     home.mkdir()
+    extra: dict[str, str] = {}
+    if way == "--token":
+        args += ["--token", TOKEN, "--endpoint", hub.endpoint]
+    elif way == "HF_TOKEN":
+        extra["HF_TOKEN"] = TOKEN
+    elif way == "HF_TOKEN_PATH":
+        (tmp_path / "my-token").write_text(TOKEN + "\n")
+        extra["HF_TOKEN_PATH"] = str(tmp_path / "my-token")
+    else:
+        (home / "token").write_text(TOKEN)
     hub.reset_stats()
     run = subprocess.run(
         [sys.executable, "-m", "aiostream_hf.cli", *args],
-        env=_env(hub, home, HF_TOKEN=TOKEN),
+        env=_env(hub, home, **extra),
         capture_output=True,
         text=True,
         timeout=120,
