@@ -49,6 +49,7 @@ from ._bridge import SyncIterator
 from ._client import HubClient, use_client
 from ._exceptions import ClosedResourceError, SourceError, UsageError
 from ._fetcher import RangeFetcher
+from ._models import Manifest
 from ._options import StreamOptions
 from ._prefetch import Job, Prefetcher, PrefetchStatistics, Ramp
 from ._ranks import loader_workers, rank_and_world
@@ -268,6 +269,49 @@ def make_readers(options: StreamOptions, access: Access, client: HubClient) -> R
     ``resolver.aclose()``)."""
     resolver = Resolver(options=options, client=client, access=access)
     return Readers(client, resolver, RangeFetcher(options, access=access, client=client), access)
+
+
+#: The ``stream()`` arguments that resolution takes (the rest are the reading's).
+RESOLVE_KEYS = ("config", "split", "data_files", "token", "endpoint")
+
+
+def resolve_for_workers(
+    source: Any, stream_kwargs: Mapping[str, Any]
+) -> tuple[Manifest, dict[str, Any]]:
+    """How a torch Dataset or a Ray datasource resolves once, in the process that builds
+    it, for the workers or tasks that read: ``source`` resolved with the resolution
+    arguments of ``stream_kwargs`` (through the sync bridge; a ``Manifest`` is kept as it
+    is), and the arguments a worker's ``stream(manifest, ...)`` takes (the rest, with the
+    token and endpoint, which the reads need too)."""
+    from ._bridge import portal
+
+    # The access is found once, here (from the arguments, else this process's
+    # environment now), and handed to the workers as it is: a worker (a forked DataLoader
+    # worker, a Ray task on another machine) reads with what the listing used, and looks
+    # nothing up again (token False: none, on purpose).
+    access = portal().call(find_access, stream_kwargs.get("token"), stream_kwargs.get("endpoint"))
+    read_kwargs = {k: v for k, v in stream_kwargs.items() if k not in RESOLVE_KEYS}
+    read_kwargs["token"] = access.token or False
+    read_kwargs["endpoint"] = access.endpoint
+    if isinstance(source, Manifest):
+        if stream_kwargs.get("endpoint") is None and source.endpoint is not None:
+            read_kwargs["endpoint"] = source.endpoint  # the Hub it was resolved at
+        return source, read_kwargs
+    options = stream_kwargs.get("options") or StreamOptions()
+    resolve_kwargs = {
+        k: stream_kwargs[k] for k in RESOLVE_KEYS if k in stream_kwargs and k not in _ACCESS_KEYS
+    }
+    return portal().call(_resolve_once, source, options, resolve_kwargs, access), read_kwargs
+
+
+_ACCESS_KEYS = ("token", "endpoint")
+
+
+async def _resolve_once(
+    source: Any, options: StreamOptions, kwargs: Mapping[str, Any], access: Access
+) -> Manifest:
+    async with open_readers(options, token=None, endpoint=None, access=access) as readers:
+        return await readers.resolver.resolve(source, access=access, **kwargs)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -62,7 +62,7 @@ except ImportError as exc:
         "pip install 'aiostream-hf[ray]'"
     ) from exc
 
-from . import _bridge, _resolver, formats
+from . import _bridge, _engine, formats
 from ._exceptions import SourceError
 from ._models import FileRef, Manifest
 from ._stream import stream
@@ -252,7 +252,7 @@ class StreamDatasource(_Datasource):
     ) -> None:
         super().__init__()  # type: ignore[no-untyped-call]
         _check_names("aiostream_hf.ray.read", stream_options, _STREAM_KEYS)
-        manifest, read_kwargs = _resolver.resolve_for_workers(source, stream_options)
+        manifest, read_kwargs = _engine.resolve_for_workers(source, stream_options)
         # The tasks' arguments fail here, once, rather than in every task.
         stream(manifest, output="arrow", rank=0, world_size=1, **read_kwargs)
         fmt = read_kwargs.get("format")

@@ -36,7 +36,7 @@ except ImportError as exc:
         "pip install 'aiostream-hf[torch]'"
     ) from exc
 
-from . import _bridge, _ranks, _resolver, lerobot
+from . import _bridge, _engine, _ranks, lerobot
 from ._exceptions import SourceError
 from ._mix import Mix, Stop
 from ._stream import stream
@@ -127,7 +127,7 @@ class StreamDataset(_StreamIterable):
     def __init__(self, source: Any, **stream_kwargs: Any) -> None:
         _no_rank("StreamDataset", stream_kwargs)
         super().__init__()
-        self.manifest, self._stream_kwargs = _resolver.resolve_for_workers(source, stream_kwargs)
+        self.manifest, self._stream_kwargs = _engine.resolve_for_workers(source, stream_kwargs)
 
     def _open(self, consumer: int, consumers: int) -> _Resumable:
         return stream(self.manifest, rank=consumer, world_size=consumers, **self._stream_kwargs)

@@ -145,6 +145,27 @@ def test_only_the_s3_store_knows_s3() -> None:
     assert offenders == {}
 
 
+def test_readers_are_made_in_one_place() -> None:
+    """A Resolver or a RangeFetcher is made by ``_engine.make_readers`` alone: every
+    entry point gets its readers (one access, one client) from there (issue 30)."""
+    made = []
+    for name, path in _library_modules().items():
+        tree = ast.parse(path.read_text(), str(path))
+        for function in ast.walk(tree):
+            if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            for node in ast.walk(function):
+                if isinstance(node, ast.Call):
+                    callee = node.func
+                    called = getattr(callee, "id", None) or getattr(callee, "attr", None)
+                    if called in ("Resolver", "RangeFetcher"):
+                        made.append(f"{name}.{function.name}: {called}")
+    assert sorted(made) == [
+        "aiostream_hf._engine.make_readers: RangeFetcher",
+        "aiostream_hf._engine.make_readers: Resolver",
+    ]
+
+
 @pytest.mark.parametrize("top_level_only", [True, False], ids=["module-level", "all"])
 def test_no_import_cycle(top_level_only: bool) -> None:
     """The package's imports form no cycle (the layers hold): neither at module level
