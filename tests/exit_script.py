@@ -12,7 +12,9 @@ its stderr empty; the driver measures the time from ``left`` to the exit.
 from __future__ import annotations
 
 import sys
+import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 import aiostream_hf as ash
@@ -21,6 +23,27 @@ PARQUET = "org/exit-parquet"
 TAR = "org/exit-tar"
 ROBOT = "org/exit-robot"
 STEPS = 3
+
+
+def make_repos(root: Path) -> None:
+    """The repos the cases read, under ``root`` (a local Hub server's folder)."""
+    from aiostream_hf.testing import (
+        make_lerobot_dataset,
+        make_repo,
+        make_text_parquet,
+        make_webdataset_shards,
+    )
+
+    with tempfile.TemporaryDirectory() as data:  # make_repo copies the files
+        files: dict[str, Path] = {}
+        for i in range(3):
+            path = Path(data) / f"part-{i}.parquet"
+            make_text_parquet(path, rows=2000, row_group_size=50, seed=i, start_id=i * 2000)
+            files[f"data/train-{i:05d}-of-00003.parquet"] = path
+        make_repo(root, PARQUET, files)
+    tar = make_repo(root, TAR, {"README.md": "# shards\n"})
+    make_webdataset_shards(tar / "data", shards=2, samples_per_shard=200, seed=1)
+    make_lerobot_dataset(root, ROBOT, episodes=[8, 8], width=32, height=32)
 
 
 def _options(cache: str) -> ash.StreamOptions:

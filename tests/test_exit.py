@@ -15,38 +15,20 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import exit_script
 import pytest
 
 import aiostream_hf as ash
-from aiostream_hf.testing import (
-    Faults,
-    HubServer,
-    make_lerobot_dataset,
-    make_repo,
-    make_text_parquet,
-    make_webdataset_shards,
-)
+from aiostream_hf.testing import Faults, HubServer
 
 SCRIPT = Path(__file__).with_name("exit_script.py")
-PARQUET = "org/exit-parquet"
-TAR = "org/exit-tar"
-ROBOT = "org/exit-robot"
 TIMEOUT = 60  # seconds: only a hang takes this long
 
 
 @pytest.fixture(scope="module")
 def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     r = tmp_path_factory.mktemp("hub")
-    data = tmp_path_factory.mktemp("data")
-    files: dict[str, Path] = {}
-    for i in range(3):
-        path = data / f"part-{i}.parquet"
-        make_text_parquet(path, rows=2000, row_group_size=50, seed=i, start_id=i * 2000)
-        files[f"data/train-{i:05d}-of-00003.parquet"] = path
-    make_repo(r, PARQUET, files)
-    tar = make_repo(r, TAR, {"README.md": "# shards\n"})
-    make_webdataset_shards(tar / "data", shards=2, samples_per_shard=200, seed=1)
-    make_lerobot_dataset(r, ROBOT, episodes=[8, 8], width=32, height=32)
+    exit_script.make_repos(r)
     return r
 
 
