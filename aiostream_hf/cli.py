@@ -926,7 +926,6 @@ def hub_serve(
     """
     from .testing._hub_server import serve_forever
 
-    click.echo(_served_repos(root), err=True)
     serve_forever(
         {
             "root": str(root),
@@ -947,6 +946,7 @@ def hub_serve(
             "gated": _grant(gated, "--gated"),
         },
         ready=sys.stdout,
+        started=lambda: click.echo(_served_repos(root), err=True),
     )
 
 

@@ -1,6 +1,6 @@
 """How long a script that ends with an iterator half-read takes to exit (issue 30).
 
-    .venv/bin/python benchmarks/exit_times.py [--rounds 3] [--out benchmarks/results/exit.json]
+    .venv/bin/python benchmarks/exit_times.py [--rounds 3] [--out results/checks/exit.json]
 
 Runs each case of tests/exit_script.py (a stream, a mixture, a LeRobot stream, a
 WebDataset stream, webdataset's gopen, a DataLoader, ``async for`` left on asyncio
@@ -72,7 +72,7 @@ def _run(case: str, endpoint: str, cache: Path) -> dict[str, Any]:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--out", type=Path, default=HERE / "results" / "exit.json")
+    p.add_argument("--out", type=Path, default=HERE / "results" / "checks" / "exit.json")
     args = p.parse_args()
     sys.path.insert(0, str(SCRIPT.parent))
     import _harness

@@ -48,6 +48,25 @@ def _own_cache_dir(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("AIOSTREAM_HF_CACHE", str(tmp_path / "aiostream-cache"))
 
 
+@pytest.fixture
+def plain_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
+    """No token anywhere, as on a fresh machine (no HF_TOKEN, HF_TOKEN_PATH, offline or
+    implicit-token switch): HF_HOME is an empty folder, returned."""
+    for name in (
+        "HF_TOKEN",
+        "HUGGING_FACE_HUB_TOKEN",
+        "HF_TOKEN_PATH",
+        "HF_HUB_DISABLE_IMPLICIT_TOKEN",
+        "HF_HUB_OFFLINE",
+        "HF_OIDC_RESOURCE",
+    ):
+        monkeypatch.delenv(name, raising=False)
+    home = tmp_path / "hf-home"
+    home.mkdir()
+    monkeypatch.setenv("HF_HOME", str(home))
+    return home
+
+
 @pytest.fixture(autouse=True)
 def _no_internet(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """Fail any connection to a non-loopback address."""

@@ -59,24 +59,6 @@ def hub(root: Path) -> Iterator[HubServer]:
         yield server
 
 
-@pytest.fixture
-def plain_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
-    """No token anywhere, as on a fresh machine: HF_HOME is an empty folder."""
-    for name in (
-        "HF_TOKEN",
-        "HUGGING_FACE_HUB_TOKEN",
-        "HF_TOKEN_PATH",
-        "HF_HUB_DISABLE_IMPLICIT_TOKEN",
-        "HF_HUB_OFFLINE",
-        "HF_OIDC_RESOURCE",
-    ):
-        monkeypatch.delenv(name, raising=False)
-    home = tmp_path / "hf-home"
-    home.mkdir()
-    monkeypatch.setenv("HF_HOME", str(home))
-    return home
-
-
 #: How a user gives the token and the endpoint: (name, applied to the environment, the
 #: stream() arguments).
 WAYS = ["token=", "HF_TOKEN", "HF_TOKEN_PATH", "HF_HOME/token", "endpoint= with HF_TOKEN"]

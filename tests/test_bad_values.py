@@ -184,23 +184,6 @@ HIDDEN = "hf_H1DDENvalue"
 BAD_TOKENS = {"a line break": f"{HIDDEN}\r\nX-Evil: 1", "a non-ASCII letter": f"{HIDDEN}\u00e9"}
 
 
-@pytest.fixture
-def hf_home(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
-    """No token anywhere but where a test puts one; HF_HOME an empty folder."""
-    for name in (
-        "HF_TOKEN",
-        "HUGGING_FACE_HUB_TOKEN",
-        "HF_TOKEN_PATH",
-        "HF_HUB_DISABLE_IMPLICIT_TOKEN",
-        "HF_OIDC_RESOURCE",
-    ):
-        monkeypatch.delenv(name, raising=False)
-    home = tmp_path / "hf-home"
-    home.mkdir()
-    monkeypatch.setenv("HF_HOME", str(home))
-    return home
-
-
 def _put(place: str, token: str | bytes, home: Path, monkeypatch: pytest.MonkeyPatch) -> str:
     """Give ``token`` the way ``place`` says; what the error must name."""
     if place in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN"):
@@ -220,9 +203,9 @@ def _put(place: str, token: str | bytes, home: Path, monkeypatch: pytest.MonkeyP
     "place", ["HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_TOKEN_PATH", "HF_HOME/token"]
 )
 async def test_a_token_that_cannot_be_sent_names_where_it_came_from(
-    place: str, bad: str, hf_home: Path, monkeypatch: pytest.MonkeyPatch
+    place: str, bad: str, plain_env: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    where = _put(place, BAD_TOKENS[bad], hf_home, monkeypatch)
+    where = _put(place, BAD_TOKENS[bad], plain_env, monkeypatch)
     with pytest.raises(ash.SourceError) as info:
         await _drain(ash.stream("hf://datasets/org/name"))
     message = str(info.value)
@@ -235,9 +218,9 @@ async def test_a_token_that_cannot_be_sent_names_where_it_came_from(
 @pytest.mark.anyio
 @pytest.mark.parametrize("place", ["HF_TOKEN_PATH", "HF_HOME/token"])
 async def test_a_token_file_that_is_not_text_is_named(
-    place: str, hf_home: Path, monkeypatch: pytest.MonkeyPatch
+    place: str, plain_env: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    where = _put(place, b"hf_\xff\xfe", hf_home, monkeypatch)
+    where = _put(place, b"hf_\xff\xfe", plain_env, monkeypatch)
     with pytest.raises(ash.SourceError, match=rf"^{re.escape(where)} is not UTF-8 text: log in"):
         await _drain(ash.stream("hf://datasets/org/name"))
 
@@ -283,7 +266,7 @@ def test_huggingface_hubs_own_token_file_gives_the_same_errors(
 )
 @pytest.mark.anyio
 async def test_every_entry_point_refuses_a_bad_hf_token(
-    make: Any, hf_home: Path, monkeypatch: pytest.MonkeyPatch
+    make: Any, plain_env: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("HF_TOKEN", BAD_TOKENS["a line break"])
     with pytest.raises(ash.SourceError, match=r"^\$HF_TOKEN: the token holds") as info:
@@ -294,7 +277,7 @@ async def test_every_entry_point_refuses_a_bad_hf_token(
 
 
 def test_webdataset_gopen_refuses_a_bad_hf_token(
-    hf_home: Path, monkeypatch: pytest.MonkeyPatch
+    plain_env: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from aiostream_hf import webdataset
 

@@ -788,11 +788,13 @@ def _serve_stderr(root: Path) -> str:
     )
     try:
         assert proc.stdout is not None
+        assert proc.stderr is not None
         json.loads(proc.stdout.readline())  # ready
+        line = proc.stderr.readline()  # written once the server runs
     finally:
         proc.terminate()
-        _, err = proc.communicate(timeout=20)
-    return err
+        proc.communicate(timeout=20)
+    return line
 
 
 def test_hub_serve_warns_when_it_finds_no_repo(tmp_path: Path) -> None:

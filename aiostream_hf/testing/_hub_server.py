@@ -19,7 +19,7 @@ import socket
 import subprocess as sp
 import sys
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from types import TracebackType
@@ -341,8 +341,11 @@ def wait_for_eof(stop: threading.Event) -> None:
         stop.set()
 
 
-def serve_forever(config: Mapping[str, Any], *, ready: Any = None) -> None:
-    """Run a server from a JSON-able config until interrupted; print a ready line."""
+def serve_forever(
+    config: Mapping[str, Any], *, ready: Any = None, started: Callable[[], None] | None = None
+) -> None:
+    """Run a server from a JSON-able config until interrupted; print a ready line, then
+    call ``started`` (the CLI names the repos it serves)."""
     server = HubServer(
         config["root"],
         host=config.get("host", "127.0.0.1"),
@@ -360,6 +363,8 @@ def serve_forever(config: Mapping[str, Any], *, ready: Any = None) -> None:
     with server:
         line = {"endpoint": server.endpoint, "cdn_endpoint": server.cdn_endpoint}
         print(json.dumps(line), flush=True, file=ready or sys.stdout)
+        if started is not None:
+            started()
         stop = threading.Event()
         try:
             import signal
