@@ -563,7 +563,8 @@ def run_demo(
     notes.append(
         f"LeRobot v3.0: {items.row.samples} items, each with the camera frames at t{deltas} s "
         f"(delta_timestamps), from one {human_bytes(sparse.video_size)} video of "
-        f"{len(sizes.episodes)} episodes; the contact sheet shows {len(sheet_frames) // 2} of them"
+        f"{len(sizes.episodes)} episodes; the contact sheet shows the {len(sheet_frames)} "
+        f"frames of {len(sheet_frames) // len(_DELTAS)} of them, each item's side by side"
     )
     fetched = sparse.row.bytes_served
     notes.append(

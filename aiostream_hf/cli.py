@@ -811,7 +811,15 @@ def demo(out: Path | None, quick: bool, compare: bool, as_json: Path | None) -> 
     for note in report.notes:
         click.echo(f"- {note}")
     click.echo(f"- contact sheet: {report.contact_sheet}")
-    click.echo(f"- data: {report.out / 'hub'}")
+    hub = report.out / "hub"
+    click.echo(f"- data: {hub}")
+    repos = sorted(f"{p.parent.name}/{p.name}" for p in (hub / "datasets").glob("*/*"))
+    click.echo(f"- repos: {', '.join(repos)}")
+    first = "demo/text" if "demo/text" in repos else repos[0]
+    click.echo(
+        f"- next: `aiostream-hf hub serve {hub}` serves them; with HF_ENDPOINT set to the "
+        f"endpoint it prints, `aiostream-hf ls hf://datasets/{first}` lists one"
+    )
     if as_json is not None:
         text = json.dumps(report.to_json(), indent=2)
         write_or_fail(as_json, "the JSON results", lambda: as_json.write_text(text))

@@ -857,6 +857,17 @@ def test_demo_quick(tmp_path: Path) -> None:
     sheet = _read_png(tmp_path / "contact_sheet.png")
     assert sheet.shape[2] == 3
     assert sheet.shape[1] > sheet.shape[0]
+    # It names what it made and the way on: the repos, then serving and listing them.
+    hub = tmp_path / "hub"
+    assert f"- data: {hub}" in lines
+    assert "- repos: demo/images, demo/lerobot, demo/text, demo/webdataset" in lines
+    (after,) = [line for line in lines if line.startswith("- next: ")]
+    assert f"`aiostream-hf hub serve {hub}`" in after
+    assert "`aiostream-hf ls hf://datasets/demo/text`" in after
+    (robot,) = [line for line in lines if line.startswith("- LeRobot v3.0: ")]
+    assert robot.endswith(
+        "the contact sheet shows the 16 frames of 8 of them, each item's side by side"
+    )
 
 
 def test_version() -> None:
