@@ -181,12 +181,24 @@ def _library_warnings() -> Iterator[None]:
         library.propagate = saved[1]
 
 
+#: The library's hints name Python arguments; on the command line, the flags that set them.
+_FLAGS = (
+    ("pass endpoint=", "pass --endpoint"),
+    ("pass format=", "pass --format"),
+    ("unknown format ", "unknown --format "),
+    ("StreamOptions(s3_anonymous=True)", "--no-sign-request"),
+    ("StreamOptions.s3_anonymous=True", "--no-sign-request"),
+)
+
+
 def explained(exc: AiostreamError, params: Mapping[str, Any]) -> str:
     """The one-line message of ``exc`` and, for a network failure or a failing server, a
     second line: the way out (the endpoint or URL to check, more patience, later)."""
     from ._exceptions import ResolutionError, RetriesExhaustedError, UnreachableError
 
-    message = one_line(exc).replace("pass endpoint=", "pass --endpoint")
+    message = one_line(exc)
+    for api, flag in _FLAGS:
+        message = message.replace(api, flag)
     chain = list(_causes(exc))
     network = any(isinstance(e, httpx2.TransportError | ConnectionError) for e in chain)
     gave_up = isinstance(exc, RetriesExhaustedError) or (
@@ -289,3 +301,27 @@ def write_or_fail(path: Path, what: str, write: Callable[[], object]) -> None:
     except OSError as exc:
         reason = exc.strerror or str(exc)
         raise click.ClickException(f"cannot write {what} to {str(path)!r}: {reason}") from exc
+
+
+def plural(n: int, noun: str) -> str:
+    """``1 frame``, ``2 frames``."""
+    return f"{n:,} {noun}{'' if n == 1 else 's'}"
+
+
+def served_repos(root: Path) -> str:
+    """A line for stderr: the repos ``hub serve`` finds under ``root``, or a warning
+    naming the layout it expects when there is none."""
+    folder = root / "datasets"
+    repos = (
+        sorted(f"{p.parent.name}/{p.name}" for p in folder.glob("*/*") if p.is_dir())
+        if folder.is_dir()
+        else []
+    )
+    if not repos:
+        return (
+            f"aiostream-hf: WARNING: no dataset repo under {root}: each folder "
+            f"{folder}/ORG/NAME/ is served as the repo ORG/NAME (`aiostream-hf demo` writes "
+            "such folders); until one exists every repo is answered 'not found'."
+        )
+    shown = ", ".join(repos[:5]) + (f" and {len(repos) - 5} more" if len(repos) > 5 else "")
+    return f"serving {plural(len(repos), 'dataset repo')}: {shown}"

@@ -34,7 +34,17 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
-from ._cli_run import PORT, FiniteFloat, Group, check_writable, explained, run, write_or_fail
+from ._cli_run import (
+    PORT,
+    FiniteFloat,
+    Group,
+    check_writable,
+    explained,
+    plural,
+    run,
+    served_repos,
+    write_or_fail,
+)
 from ._exceptions import AiostreamError
 
 if TYPE_CHECKING:
@@ -129,6 +139,12 @@ _columns_option = click.option(
     multiple=True,
     metavar="A,B",
     help="Read only these columns (comma-separated, or the option repeated).",
+)
+_format_option = click.option(
+    "--format",
+    "format_",
+    metavar="FORMAT",
+    help="The files' format when their names do not tell it (parquet, webdataset, ...).",
 )
 
 
@@ -354,6 +370,7 @@ async def _resolve_all(
     help="How many samples (rows, or WebDataset samples) to print.",
 )
 @_columns_option
+@_format_option
 @click.option("--split", help="The split to read (default: every split, in order).")
 @click.option("--config", help="The config to read (default: the dataset's default).")
 @click.option(
@@ -368,6 +385,7 @@ def head(
     source: str,
     n: int,
     columns: tuple[str, ...],
+    format_: str | None,
     split: str | None,
     config: str | None,
     width: int,
@@ -384,9 +402,8 @@ def head(
     is read (for Parquet, the first row group of the columns asked for).
     """
     options = _options(no_sign_request, timeout, retries)
-    samples = run(
-        _head, source, n, _split_columns(columns), split, config, endpoint, token, options
-    )
+    what = {"columns": _split_columns(columns), "split": split, "config": config}
+    samples = run(_head, source, n, what, format_, endpoint, token, options)
     if not samples:
         click.echo("(no samples)")
     for i, sample in enumerate(samples):
@@ -403,9 +420,8 @@ def head(
 async def _head(
     source: str,
     n: int,
-    columns: list[str] | None,
-    split: str | None,
-    config: str | None,
+    what: dict[str, Any],
+    format_: str | None,
     endpoint: str | None,
     token: str | None,
     options: StreamOptions,
@@ -413,15 +429,7 @@ async def _head(
     from ._stream import stream
 
     samples: list[Any] = []
-    s = stream(
-        source,
-        split=split,
-        config=config,
-        columns=columns,
-        endpoint=endpoint,
-        token=token,
-        options=options,
-    )
+    s = stream(source, format=format_, endpoint=endpoint, token=token, options=options, **what)
     async with s:
         async for sample in s:
             samples.append(sample)
@@ -470,6 +478,7 @@ def summarize(value: Any, width: int = 100) -> str:
 @click.option("--split", help="The split to read (default: every split).")
 @click.option("--config", help="The config to read (default: the dataset's default).")
 @_columns_option
+@_format_option
 @click.option("--limit", type=click.IntRange(min=1), help="Stop after this many samples.")
 @click.option("--batch-size", type=click.IntRange(min=1), help="Count batches of this many rows.")
 @click.option("--arrow", is_flag=True, help="Read pyarrow RecordBatches (no Python rows).")
@@ -488,6 +497,7 @@ def bench(
     split: str | None,
     config: str | None,
     columns: tuple[str, ...],
+    format_: str | None,
     limit: int | None,
     batch_size: int | None,
     arrow: bool,
@@ -512,6 +522,7 @@ def bench(
         "split": split,
         "config": config,
         "columns": _split_columns(columns),
+        "format": format_,
         "batch_size": batch_size,
         "output": "arrow" if arrow else "python",
         "options": options,
@@ -727,13 +738,13 @@ def frames(
     sheet = contact_sheet(result["data"], columns=cols)
     write_or_fail(out, "the contact sheet", lambda: write_png(out, sheet))
     click.echo(
-        f"wrote {out}: {_plural(len(result['pts']), 'frame')} of "
+        f"wrote {out}: {plural(len(result['pts']), 'frame')} of "
         f"{result['width']}x{result['height']} "
         f"{result['codec']} at {', '.join(f'{t:.3f}' for t in result['pts'])} s"
     )
     size = result["size"]
     share = f" of {human_bytes(size)} ({100 * result['bytes'] / size:.0f}%)" if size else ""
-    requests = _plural(result["requests"], "request")
+    requests = plural(result["requests"], "request")
     click.echo(f"fetched {human_bytes(result['bytes'])}{share} in {requests}")
 
 
@@ -954,32 +965,8 @@ def hub_serve(
             "gated": _grant(gated, "--gated"),
         },
         ready=sys.stdout,
-        started=lambda: click.echo(_served_repos(root), err=True),
+        started=lambda: click.echo(served_repos(root), err=True),
     )
-
-
-def _plural(n: int, noun: str) -> str:
-    """``1 frame``, ``2 frames``."""
-    return f"{n:,} {noun}{'' if n == 1 else 's'}"
-
-
-def _served_repos(root: Path) -> str:
-    """A line for stderr: the repos ``hub serve`` finds under ``root``, or a warning
-    naming the layout it expects when there is none."""
-    folder = root / "datasets"
-    repos = (
-        sorted(f"{p.parent.name}/{p.name}" for p in folder.glob("*/*") if p.is_dir())
-        if folder.is_dir()
-        else []
-    )
-    if not repos:
-        return (
-            f"aiostream-hf: WARNING: no dataset repo under {root}: each folder "
-            f"{folder}/ORG/NAME/ is served as the repo ORG/NAME (`aiostream-hf demo` writes "
-            "such folders); until one exists every repo is answered 'not found'."
-        )
-    shown = ", ".join(repos[:5]) + (f" and {len(repos) - 5} more" if len(repos) > 5 else "")
-    return f"serving {_plural(len(repos), 'dataset repo')}: {shown}"
 
 
 if __name__ == "__main__":

@@ -31,7 +31,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner, Result
 
-from aiostream_hf import HubServerError
+from aiostream_hf import HubServerError, SourceError
 from aiostream_hf._demo import human_bytes
 from aiostream_hf._describe import payload_value
 from aiostream_hf.cli import main, summarize
@@ -45,6 +45,7 @@ from aiostream_hf.testing import (
     make_repo,
     make_repo_split_naming,
     make_repo_yaml_configs,
+    make_text_parquet,
     make_webdataset_shards,
 )
 
@@ -895,3 +896,29 @@ def test_every_option_of_every_command_has_help() -> None:
             if isinstance(param, click.Option) and not param.help and not param.hidden:
                 missing.append(f"{name} {param.opts[0]}")
     assert missing == []
+
+
+def test_a_hint_names_the_flag_not_the_python_argument(tmp_path: Path) -> None:
+    """A file whose name does not tell its format: the way out is --format, which works."""
+    path = tmp_path / "rows.bin"
+    make_text_parquet(path, rows=7, seed=3)
+    line = one_line_error(run("head", str(path)), "pass --format (one of ")
+    assert "format=" not in line
+    assert "[6]" in ok(run("head", str(path), "--format", "parquet", "-n", "7"))
+    bench = json.loads(
+        ok(run("bench", str(path), "--format", "parquet", "--json", "--no-progress"))
+    )
+    assert bench["samples"] == 7
+    one_line_error(run("head", str(path), "--format", "nope"), "unknown --format 'nope'")
+
+
+def test_s3_hints_name_no_sign_request() -> None:
+    from aiostream_hf._cli_run import explained
+
+    exc = SourceError(
+        "s3://b/k: access denied; for a public bucket, "
+        "StreamOptions(s3_anonymous=True) sends requests unsigned"
+    )
+    assert explained(exc, {}).endswith(
+        "for a public bucket, --no-sign-request sends requests unsigned"
+    )
