@@ -514,7 +514,8 @@ class HubClient:
         except (httpx2.ConnectError, httpx2.ConnectTimeout) as exc:
             failed = url_of(exc, current)
             # Raises UnreachableError for a host that never answered, on its second try.
-            delay = self.connect_failed(host_key(failed), failed, exc, attempts)
+            hint = getattr(signer, "unreachable_hint", None)  # a store's own endpoint
+            delay = self.connect_failed(host_key(failed), failed, exc, attempts, hint=hint)
             return Failure(f"{type(exc).__name__}: {exc}", exc, delay)
         except httpx2.UnsupportedProtocol as exc:
             raise error(f"{method} {url_of(exc, current)}: {exc}") from exc
@@ -776,7 +777,9 @@ class HubClient:
 
     # -- hosts that cannot be reached --------------------------------------------------------
 
-    def connect_failed(self, host: str, url: str, exc: Exception, failures: int) -> float:
+    def connect_failed(
+        self, host: str, url: str, exc: Exception, failures: int, *, hint: str | None = None
+    ) -> float:
         """A connection to ``host`` failed (refused, no DNS name, connect timeout). For a
         host that answered before, 0.0: retry as usual. For one that never answered, the
         seconds to wait before its one quick retry; after that, ``UnreachableError``."""
@@ -787,8 +790,8 @@ class HubClient:
         self._unreachable.add(host)
         raise UnreachableError(
             f"{url}: cannot connect to {host} ({type(exc).__name__}: {exc}); tried "
-            f"{failures} times. Is the endpoint right? Set HF_ENDPOINT or pass endpoint= "
-            "(a local server: is it running?)",
+            f"{failures} times. Is the endpoint right? "
+            f"{hint or 'Set HF_ENDPOINT or pass endpoint='} (a local server: is it running?)",
             url=url,
             attempts=failures,
         ) from exc

@@ -445,7 +445,10 @@ class _Transfer:
                     # get the usual retries. The file's own host, never reached, fails fast.
                     first_hand = route is None or route.direct
                     if first_hand and isinstance(exc, _CONNECT_ERRORS):
-                        quick = f._hub.connect_failed(host, _display(url), exc, self.failures + 1)
+                        hint = getattr(signer, "unreachable_hint", None)
+                        quick = f._hub.connect_failed(
+                            host, _display(url), exc, self.failures + 1, hint=hint
+                        )
                     outcome = _Retry(None, quick or None, exc)
                 except httpx2.HTTPError as exc:
                     raise FetchError(

@@ -193,3 +193,24 @@ async def test_a_page_is_bounded_in_objects_and_elements(monkeypatch: pytest.Mon
     with pytest.raises(ash.ResolutionError, match=r"more than 12 elements \(MAX_XML_ELEMENTS\)"):
         await _s3.list_objects(_get(_page(3)), _CTX, "bkt", "p/")
     assert _s3.error_code(b"<Error>" + b"<x/>" * 20 + b"</Error>") == ("", "", "")
+
+
+def _closed_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.mark.anyio
+async def test_an_unreachable_s3_endpoint_names_the_aws_settings_not_hf_endpoint() -> None:
+    endpoint = f"http://127.0.0.1:{_closed_port()}"
+    options = ash.StreamOptions(s3_endpoint_url=endpoint, s3_anonymous=True, max_retries=1)
+    with pytest.raises(ash.UnreachableError) as caught:
+        async with ash.stream("s3://bucket/data/", options=options) as s:
+            async for _ in s:
+                pass
+    message = str(caught.value)
+    assert "AWS_ENDPOINT_URL" in message
+    assert "HF_ENDPOINT" not in message

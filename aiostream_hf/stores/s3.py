@@ -174,6 +174,11 @@ class S3Context:
     (and the buckets' virtual hosts below it), and leaves every other request as it is.
     """
 
+    #: The way out when its endpoint cannot be reached (the client's UnreachableError).
+    unreachable_hint = (
+        "Set AWS_ENDPOINT_URL_S3 or AWS_ENDPOINT_URL (StreamOptions.s3_endpoint_url in Python)"
+    )
+
     def __init__(
         self,
         *,
