@@ -325,3 +325,20 @@ def served_repos(root: Path) -> str:
         )
     shown = ", ".join(repos[:5]) + (f" and {len(repos) - 5} more" if len(repos) > 5 else "")
     return f"serving {plural(len(repos), 'dataset repo')}: {shown}"
+
+
+# A LeRobot dataset's data Parquet (v2.1: episode_000000.parquet; v3: file-000.parquet).
+_LEROBOT_DATA = re.compile(r"(?:^|/)data/chunk-\d+/(?:episode|file)[-_]\d+\.parquet$")
+
+
+def lerobot_note(manifest: Any, command: str) -> str | None:
+    """A line for stderr when every file ``command`` read is a LeRobot dataset's data
+    Parquet: what it read (rows, no camera frames) and where the frames are."""
+    files = getattr(manifest, "files", None) or []
+    if not files or not all(_LEROBOT_DATA.search(f.path) for f in files):
+        return None
+    return (
+        f"note: these are a LeRobot dataset's data files: {command} read their rows, not the "
+        "camera frames; `aiostream-hf ls` names the cameras, `aiostream-hf frames` decodes a "
+        "video, and aiostream_hf.lerobot.stream() gives items with their frames"
+    )

@@ -40,6 +40,7 @@ from ._cli_run import (
     Group,
     check_writable,
     explained,
+    lerobot_note,
     plural,
     run,
     served_repos,
@@ -403,7 +404,9 @@ def head(
     """
     options = _options(no_sign_request, timeout, retries)
     what = {"columns": _split_columns(columns), "split": split, "config": config}
-    samples = run(_head, source, n, what, format_, endpoint, token, options)
+    samples, note = run(_head, source, n, what, format_, endpoint, token, options)
+    if note is not None:
+        click.echo(note, err=True)
     if not samples:
         click.echo("(no samples)")
     for i, sample in enumerate(samples):
@@ -425,7 +428,7 @@ async def _head(
     endpoint: str | None,
     token: str | None,
     options: StreamOptions,
-) -> list[Any]:
+) -> tuple[list[Any], str | None]:
     from ._stream import stream
 
     samples: list[Any] = []
@@ -445,7 +448,7 @@ async def _head(
             {k: v if k.startswith("__") else payload_value(k, v) for k, v in sample.items()}
             for sample in samples
         ]
-    return samples
+    return samples, lerobot_note(manifest, "head")
 
 
 def summarize(value: Any, width: int = 100) -> str:
@@ -530,6 +533,8 @@ def bench(
         "token": token,
     }
     result = run(_bench, source, kwargs, limit, progress)
+    if result["note"] is not None:
+        click.echo(result["note"], err=True)
     if as_json:
         click.echo(json.dumps(result, indent=2))
         return
@@ -631,6 +636,7 @@ async def _bench(
         "requests": _client_requests(stats),
         "retries": int(stats.fetcher.get("retries", 0)) + int(stats.resolver.get("retries", 0)),
         "throttled": int(stats.fetcher.get("throttled", 0)),
+        "note": lerobot_note(s.manifest, "bench"),
         "options": {
             **{k: v for k, v in kwargs.items() if k not in ("options", "token")},
             # the endpoint used: --endpoint, else HF_ENDPOINT, else the Hub (None: no Hub)

@@ -922,3 +922,17 @@ def test_s3_hints_name_no_sign_request() -> None:
     assert explained(exc, {}).endswith(
         "for a public bucket, --no-sign-request sends requests unsigned"
     )
+
+
+@pytest.mark.parametrize("version", ["org/lerobot", "org/lerobot-v21"])
+def test_head_and_bench_say_they_read_a_lerobot_datasets_rows_only(
+    version: str, hub: HubServer
+) -> None:
+    source = f"hf://datasets/{version}"
+    for args in (["head", source, "-n", "1"], ["bench", source, "--no-progress"]):
+        result = CliRunner().invoke(main, [*args, *endpoint(hub)])
+        assert result.exit_code == 0, result.output
+        assert "note: these are a LeRobot dataset's data files" in result.stderr
+        assert "not the camera frames" in result.stderr
+    images = CliRunner().invoke(main, ["head", "hf://datasets/org/images", *endpoint(hub)])
+    assert "LeRobot" not in images.stderr
