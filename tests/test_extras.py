@@ -198,45 +198,28 @@ def test_image_decode_without_its_library_fails_when_the_stream_is_made(
     assert proc.stdout.splitlines() == [*expected, "bytes and handlers: fine"]
 
 
-# -- without the ray extra ------------------------------------------------------------------
+# -- without the ray or torch extra ---------------------------------------------------------
 
-WITHOUT_RAY = """
+WITHOUT = """
 import sys
 import aiostream_hf, aiostream_hf.lerobot
-print("ray" in sys.modules)  # the package never imports Ray on its own
-sys.modules["ray"] = None  # as if the ray extra were not installed
+print({module!r} in sys.modules)  # the package never imports it on its own
+sys.modules[{module!r}] = None  # as if the extra were not installed
 try:
-    import aiostream_hf.ray
+    import aiostream_hf.{module}
 except ImportError as exc:
     print(exc)
 """
 
 
-def test_without_ray_the_package_imports_and_aiostream_hf_ray_names_the_extra() -> None:
-    proc = run_python(WITHOUT_RAY)
+@pytest.mark.parametrize(("module", "library"), [("ray", "Ray Data"), ("torch", "PyTorch")])
+def test_without_an_extra_its_module_names_it(module: str, library: str) -> None:
+    proc = run_python(WITHOUT.format(module=module))
     assert proc.returncode == 0, proc.stderr
     first, second = proc.stdout.splitlines()
     assert first == "False"
-    assert second.startswith("aiostream_hf.ray needs Ray Data, which cannot be imported (")
-    assert second.endswith("): pip install 'aiostream-hf[ray]'")
-
-
-WITHOUT_TORCH = """
-import sys
-sys.modules["torch"] = None  # as if the torch extra were not installed
-try:
-    import aiostream_hf.torch
-except ImportError as exc:
-    print(exc)
-"""
-
-
-def test_without_torch_aiostream_hf_torch_names_the_extra() -> None:
-    proc = run_python(WITHOUT_TORCH)
-    assert proc.returncode == 0, proc.stderr
-    (line,) = proc.stdout.splitlines()
-    assert line.startswith("aiostream_hf.torch needs PyTorch, which cannot be imported (")
-    assert line.endswith("): pip install 'aiostream-hf[torch]'")
+    assert second.startswith(f"aiostream_hf.{module} needs {library}, which cannot be imported (")
+    assert second.endswith(f"): pip install 'aiostream-hf[{module}]'")
 
 
 # -- without the s3 extra (botocore) ----------------------------------------------------
