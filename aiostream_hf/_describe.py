@@ -18,9 +18,10 @@ Rendering is the CLI's (``cli.py``); nothing here prints.
 from __future__ import annotations
 
 import dataclasses
+import json
 import posixpath
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -51,11 +52,16 @@ _INFO = "meta/info.json"
 _PEEK_SAMPLES = 5  # samples of the first shard ``ls`` reads to learn the extensions
 
 # The extensions of webdataset's default decoders (``autodecode.basichandlers``) whose
-# payloads are text or numbers: shown as their value. Pickle, torch and the binary
-# tensor formats are left out on purpose: ``head`` never runs what a dataset holds.
-TEXT_EXTENSIONS = frozenset(
-    ("txt", "text", "transcript", "cls", "cls2", "index", "inx", "id", "json", "jsn")
-)
+# payloads are text or numbers: shown as their value, decoded as those handlers decode
+# them, written out here (importing webdataset imports torch: a second or two before
+# ``head`` prints). Pickle, torch and the binary tensor formats are left out on purpose:
+# ``head`` never runs what a dataset holds.
+_TEXT_DECODERS: dict[str, Callable[[bytes], Any]] = {
+    **dict.fromkeys(("txt", "text", "transcript"), lambda data: data.decode("utf-8")),
+    **dict.fromkeys(("cls", "cls2", "index", "inx", "id"), lambda data: int(data)),
+    **dict.fromkeys(("json", "jsn"), lambda data: json.loads(data)),
+}
+TEXT_EXTENSIONS = frozenset(_TEXT_DECODERS)
 
 
 # -- LeRobot ----------------------------------------------------------------------------
@@ -352,17 +358,15 @@ async def webdataset_summary(
 
 def payload_value(key: str, value: Any) -> Any:
     """A WebDataset payload as ``head`` shows it: text-like extensions (``TEXT_EXTENSIONS``)
-    decoded by webdataset's own default handlers (``.cls`` -> int, ``.txt`` -> str,
-    ``.json`` -> its value); anything else, or a payload they cannot decode, unchanged."""
+    decoded as webdataset's default handlers decode them (``.cls`` -> int, ``.txt`` ->
+    str, ``.json`` -> its value); anything else, or a payload they cannot decode, as it is."""
     if not isinstance(value, (bytes, bytearray, memoryview)):
         return value
     extension = key.rsplit(".", 1)[-1].lower()
-    if extension not in TEXT_EXTENSIONS:
+    decode = _TEXT_DECODERS.get(extension)
+    if decode is None:
         return value
-    from webdataset import autodecode
-
     try:
-        decoded = autodecode.basichandlers(extension, bytes(value))
-    except ValueError:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+        return decode(bytes(value))
+    except (ValueError, RecursionError):  # UnicodeDecodeError, JSONDecodeError; deep JSON
         return value
-    return value if decoded is None else decoded

@@ -33,7 +33,7 @@ from click.testing import CliRunner, Result
 
 from aiostream_hf import HubServerError, SourceError
 from aiostream_hf._demo import human_bytes
-from aiostream_hf._describe import payload_value
+from aiostream_hf._describe import TEXT_EXTENSIONS, payload_value
 from aiostream_hf.cli import main, summarize
 from aiostream_hf.testing import (
     Faults,
@@ -936,3 +936,35 @@ def test_head_and_bench_say_they_read_a_lerobot_datasets_rows_only(
         assert "not the camera frames" in result.stderr
     images = CliRunner().invoke(main, ["head", "hf://datasets/org/images", *endpoint(hub)])
     assert "LeRobot" not in images.stderr
+
+
+@pytest.mark.parametrize("extension", sorted(TEXT_EXTENSIONS))
+@pytest.mark.parametrize(
+    "payload", [b"7", b" 12\n", "h\u00e9llo".encode(), b'{"a": [1, 2]}', b"\xff", b"[" * 100_000]
+)
+def test_payload_value_decodes_as_webdatasets_handlers(extension: str, payload: bytes) -> None:
+    """The oracle: webdataset's own basichandlers, where they decode; else the bytes."""
+    from webdataset import autodecode
+
+    try:
+        expected = autodecode.basichandlers(extension, payload)
+    except (ValueError, RecursionError):
+        expected = payload
+    assert payload_value(extension, payload) == expected
+
+
+def test_head_of_webdataset_shards_does_not_import_torch(tmp_path: Path) -> None:
+    make_webdataset_shards(tmp_path, shards=1, samples_per_shard=2)
+    (shard,) = sorted(tmp_path.rglob("*.tar"))
+    script = (
+        "import sys\n"
+        "from aiostream_hf.cli import main\n"
+        f"main(['head', {str(shard)!r}, '-n', '2'], standalone_mode=False)\n"
+        "print('torch' in sys.modules, 'webdataset' in sys.modules)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert "cls" in done.stdout
+    assert done.stdout.splitlines()[-1] == "False False"
