@@ -308,15 +308,20 @@ def plural(n: int, noun: str) -> str:
     return f"{n:,} {noun}{'' if n == 1 else 's'}"
 
 
+def repos_under(root: Path) -> list[str]:
+    """The dataset repos a local Hub server serves from ``root`` (``ORG/NAME`` for each
+    folder ``root/datasets/ORG/NAME/``), sorted."""
+    folder = root / "datasets"
+    if not folder.is_dir():
+        return []
+    return sorted(f"{p.parent.name}/{p.name}" for p in folder.glob("*/*") if p.is_dir())
+
+
 def served_repos(root: Path) -> str:
     """A line for stderr: the repos ``hub serve`` finds under ``root``, or a warning
     naming the layout it expects when there is none."""
     folder = root / "datasets"
-    repos = (
-        sorted(f"{p.parent.name}/{p.name}" for p in folder.glob("*/*") if p.is_dir())
-        if folder.is_dir()
-        else []
-    )
+    repos = repos_under(root)
     if not repos:
         return (
             f"aiostream-hf: WARNING: no dataset repo under {root}: each folder "

@@ -172,7 +172,12 @@ def ratelimit(value: str | None) -> tuple[int, float] | None:
 
 class RequestSigner(Protocol):
     """Adds a request's credentials (headers) just before it is sent; leaves a request
-    to a host it has no credentials for as it is."""
+    to a host it has no credentials for as it is.
+
+    A signer may also have ``unreachable_hint``: the way out an ``UnreachableError`` of
+    its endpoint gives (the S3 store names AWS_ENDPOINT_URL); without one, the error
+    names HF_ENDPOINT.
+    """
 
     async def sign(self, request: httpx2.Request) -> None: ...
 

@@ -253,7 +253,8 @@ async def open_readers(
 ) -> AsyncIterator[Readers]:
     """A resolver and a fetcher over ``client`` (else the event loop's shared one), both
     with one ``Access``: ``access`` if given, else found now from ``token``/``endpoint``
-    and the environment (``find_access``). Every entry point builds its readers here."""
+    and the environment (``find_access``). Every entry point gets its readers here, or,
+    to keep them past one ``async with``, from ``make_readers``."""
     if access is None:
         access = await find_access(token, endpoint)
     async with use_client(client) as hub:
@@ -273,6 +274,7 @@ def make_readers(options: StreamOptions, access: Access, client: HubClient) -> R
 
 #: The ``stream()`` arguments that resolution takes (the rest are the reading's).
 RESOLVE_KEYS = ("config", "split", "data_files", "token", "endpoint")
+_ACCESS_KEYS = ("token", "endpoint")  # of those, the ones the access is found from
 
 
 def resolve_for_workers(
@@ -302,9 +304,6 @@ def resolve_for_workers(
         k: stream_kwargs[k] for k in RESOLVE_KEYS if k in stream_kwargs and k not in _ACCESS_KEYS
     }
     return portal().call(_resolve_once, source, options, resolve_kwargs, access), read_kwargs
-
-
-_ACCESS_KEYS = ("token", "endpoint")
 
 
 async def _resolve_once(

@@ -42,6 +42,7 @@ from ._cli_run import (
     explained,
     lerobot_note,
     plural,
+    repos_under,
     run,
     served_repos,
     write_or_fail,
@@ -830,7 +831,7 @@ def demo(out: Path | None, quick: bool, compare: bool, as_json: Path | None) -> 
     click.echo(f"- contact sheet: {report.contact_sheet}")
     hub = report.out / "hub"
     click.echo(f"- data: {hub}")
-    repos = sorted(f"{p.parent.name}/{p.name}" for p in (hub / "datasets").glob("*/*"))
+    repos = repos_under(hub)
     click.echo(f"- repos: {', '.join(repos)}")
     first = "demo/text" if "demo/text" in repos else repos[0]
     click.echo(

@@ -29,6 +29,7 @@ it decodes the file (edit lists included), and the pixels are the same.
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from types import TracebackType
@@ -358,9 +359,9 @@ class VideoReader:
 def seconds(t: float) -> str:
     """A timestamp for a message: ``1.5s``, but ``nan`` and ``inf`` said as such (not
     "nans", "infs")."""
-    if t != t:
+    if math.isnan(t):
         return "nan (not a number)"
-    if t in (float("inf"), float("-inf")):
+    if math.isinf(t):
         return f"{t!r} (infinite)"
     return f"{t!r}s"
 
