@@ -33,6 +33,7 @@ from ._mix import mix as mix
 from ._models import FileRef as FileRef
 from ._models import Manifest as Manifest
 from ._options import StreamOptions as StreamOptions
+from ._stalls import Stalls as Stalls
 from ._stream import Stream as Stream
 from ._stream import StreamStatistics as StreamStatistics
 from ._stream import stream as stream
@@ -63,6 +64,7 @@ __all__ = [
     "RevisionNotFoundError",
     "SourceError",
     "SplitNotFoundError",
+    "Stalls",
     "Stream",
     "StreamOptions",
     "StreamStatistics",

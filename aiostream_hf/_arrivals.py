@@ -13,6 +13,8 @@ import bisect
 import threading
 from typing import TypeAlias
 
+from ._stalls import bytes_wait
+
 __all__ = ["Arrivals", "Span", "Unfinished", "merge_spans"]
 
 Span: TypeAlias = tuple[int, int]  # bytes [start, end) of the file
@@ -75,7 +77,8 @@ class Arrivals:
             while self._filled[k] < end:
                 if self._ended[k]:
                     raise Unfinished(f"bytes {start}-{end - 1} never came")
-                self._changed.wait()
+                with bytes_wait():
+                    self._changed.wait()
         offsets, blocks = self._offsets[k], self._blocks[k]
         i = bisect.bisect_right(offsets, start) - 1
         first = blocks[i]

@@ -54,6 +54,7 @@ from ._options import StreamOptions
 from ._prefetch import Job, Prefetcher, PrefetchStatistics, Ramp
 from ._ranks import loader_workers, rank_and_world
 from ._resolver import Resolver
+from ._stalls import StageClock, Stalls, metered
 
 __all__ = [
     "Engine",
@@ -326,6 +327,13 @@ class EngineStatistics:
         unit (one file) ahead and grows by one per unit delivered, up to
         ``StreamOptions.prefetch_count`` (0 before the first iteration); in one of a
         DataLoader's N workers, it grows once N units are delivered.
+    requests: this stream's requests by the Hub's rate-limit bucket: "api" (repo info,
+        tree listings; an S3 listing), "resolvers" (a file's ``/resolve/`` URL, once
+        per file) and "cdn" (the range reads and streamed bodies), and their "total".
+    bytes_received: body bytes its reads received.
+    stalls: where the time of the last iteration went (``Stalls``): how long the
+        consumer waited for data, and on what (network, decode, the engine), or
+        whether the consumer itself was the slower side (``Stalls.bottleneck``).
     """
 
     fetcher: Mapping[str, Any] = field(default_factory=dict)
@@ -334,6 +342,19 @@ class EngineStatistics:
     max_prefetched: int = 0
     max_prefetched_bytes: int = 0
     prefetch_window: int = 0
+    requests: Mapping[str, int] = field(default_factory=lambda: bucket_requests({}, {}))
+    bytes_received: int = 0
+    stalls: Stalls = field(default_factory=Stalls)
+
+
+def bucket_requests(fetcher: Mapping[str, Any], resolver: Mapping[str, Any]) -> dict[str, int]:
+    """Requests by the Hub's rate-limit bucket, from a fetcher's and a resolver's
+    statistics (as dicts): "api", "resolvers", "cdn" and their "total"."""
+    kinds = fetcher.get("requests", {})
+    api = int(resolver.get("api_requests", 0))
+    resolvers = int(resolver.get("resolver_requests", 0)) + int(kinds.get("resolve", 0))
+    cdn = int(kinds.get("range", 0)) + int(kinds.get("stream", 0))
+    return {"api": api, "resolvers": resolvers, "cdn": cdn, "total": api + resolvers + cdn}
 
 
 # -- the engine -----------------------------------------------------------------------------
@@ -384,6 +405,7 @@ class Engine(ABC, Generic[T]):
         self._sync_iterators: list[SyncIterator[Any]] = []
         self._started = 0.0
         self._first_sample: float | None = None
+        self._clock: StageClock | None = None  # the running (or last) iteration's
         self._readers: Readers | None = None
         self._prefetch: Any = None  # the readahead of the running iteration
         self._left = 0  # samples of the unit being taken still to come (see _holds_more)
@@ -489,13 +511,18 @@ class Engine(ABC, Generic[T]):
         prefetch: PrefetchStatistics | None = (
             self._prefetch.statistics() if self._prefetch is not None else None
         )
+        fetcher = asdict(r.fetcher.statistics()) if r is not None else {}
+        resolver = asdict(r.resolver.statistics()) if r is not None else {}
         return {
-            "fetcher": asdict(r.fetcher.statistics()) if r is not None else {},
-            "resolver": asdict(r.resolver.statistics()) if r is not None else {},
+            "fetcher": fetcher,
+            "resolver": resolver,
             "client": asdict(r.client.statistics()) if r is not None else {},
             "max_prefetched": prefetch.max_held if prefetch else 0,
             "max_prefetched_bytes": prefetch.max_held_bytes if prefetch else 0,
             "prefetch_window": prefetch.window if prefetch else 0,
+            "requests": bucket_requests(fetcher, resolver),
+            "bytes_received": int(fetcher.get("bytes_received", 0)),
+            "stalls": self._clock.stalls() if self._clock is not None else Stalls(),
         }
 
     # -- lifecycle ------------------------------------------------------------------------
@@ -572,13 +599,21 @@ class Engine(ABC, Generic[T]):
         begun = self._begin()
         self._started = time.monotonic()
         self._left = 0
-        it: SyncIterator[T] = SyncIterator(lambda: self._loaded_units(begun), buffer=2)
+        clock = self._clock = StageClock()
+        it: SyncIterator[T] = SyncIterator(
+            lambda: metered(self._loaded_units(begun), clock), buffer=2
+        )
         self._sync_iterators.append(it)
         try:
-            for loaded in it:
+            while True:
+                with clock.consumer_waiting():
+                    loaded = next(it, _END)
+                if loaded is _END:
+                    break
                 yield from self._shape_unit(loaded)
             yield from self._shape_end()
         finally:
+            clock.end()
             it.close()
             if it in self._sync_iterators:
                 self._sync_iterators.remove(it)
@@ -609,6 +644,9 @@ class Engine(ABC, Generic[T]):
         return sample
 
 
+_END: Any = object()  # a sync iteration's units ended
+
+
 class _Failure:
     """An error of the producer, handed to the consumer through the channel."""
 
@@ -632,15 +670,16 @@ async def _produce(
     engine: Engine[Any],
     send: MemoryObjectSendStream[Any],
     begun: Any,
+    clock: StageClock,
     *,
     task_status: TaskStatus[anyio.CancelScope],
 ) -> None:
     """An iteration's producer: the loaded units of ``engine`` into ``send``, in order;
-    an error is sent too, for the consumer to raise."""
+    an error is sent too, for the consumer to raise. ``clock`` times its stages."""
     with anyio.CancelScope() as scope:
         task_status.started(scope)
         async with send:
-            units = engine._loaded_units(begun)
+            units = metered(engine._loaded_units(begun), clock)
             try:
                 try:
                     async for item in units:
@@ -673,6 +712,7 @@ class _Iteration(Generic[T]):
         self._closed = False
         self._samples: Iterator[Any] | None = None
         self._ended = False
+        self._clock: StageClock | None = None
 
     def __aiter__(self) -> _Iteration[T]:
         return self
@@ -692,16 +732,23 @@ class _Iteration(Generic[T]):
                 begun = engine._begin()
                 engine._started = time.monotonic()
                 engine._left = 0
+                self._clock = engine._clock = StageClock()
                 # Shielded: the producer reports its scope at once, before any wait; a
                 # cancellation here would cancel it and end the iteration with nothing.
                 # The producer holds the channel, not this iteration: a loop left
                 # (``break``) lets it go at once, which closes the channel (``__del__``).
                 with anyio.CancelScope(shield=True):
-                    self._scope = await self._tg.start(_produce, engine, self._send, begun)
+                    self._scope = await self._tg.start(
+                        _produce, engine, self._send, begun, self._clock
+                    )
+            clock = self._clock
+            assert clock is not None
             try:
-                item = await self._receive.receive()
+                with clock.consumer_waiting():
+                    item = await self._receive.receive()
             except anyio.EndOfStream:
                 self._ended = True
+                clock.end()
                 self._samples = engine._shape_end()
                 continue
             except anyio.ClosedResourceError:
@@ -717,6 +764,8 @@ class _Iteration(Generic[T]):
             return
         self._closed = True
         self._samples = None
+        if self._clock is not None:
+            self._clock.end()
         if self._scope is not None:
             self._scope.cancel()
         self._receive.close()
@@ -731,6 +780,8 @@ class _Iteration(Generic[T]):
         # finds the channel closed and ends; the stream's exit waits for it.
         if not self._closed:
             self._closed = True
+            if self._clock is not None:
+                self._clock.end()
             self._receive.close()
             if not self._started:
                 self._send.close()

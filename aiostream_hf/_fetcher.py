@@ -60,6 +60,7 @@ from ._exceptions import (
 from ._exceptions import display_url as _display
 from ._models import FileRef
 from ._options import StreamOptions
+from ._stalls import network as stage_network
 from ._transfer import _Transfer
 from ._versions import Version, normalize_etag
 from .stores.local import (
@@ -333,10 +334,12 @@ class RangeFetcher:
             return []
         path = _local_path(file.url)
         if path is not None:
-            return list(await self._read_local(file, path, spans))
+            with stage_network():
+                return list(await self._read_local(file, path, spans))
         max_size = self.options.max_range_size if part_size is None else part_size
         parts = coalesce_ranges(spans, gap=self.options.coalesce_gap, max_size=max_size)
-        data = await self._fetch_parts(file, parts, in_place=in_place)
+        with stage_network():
+            data = await self._fetch_parts(file, parts, in_place=in_place)
         if in_place:  # views: cut without a copy, read-only for the decoder
             return _assemble(spans, parts, [memoryview(b).toreadonly() for b in data])
         return _assemble(spans, parts, data)
@@ -361,9 +364,10 @@ class RangeFetcher:
         path = _local_path(file.url)
         if path is not None:
             self._requests["local"] += 1
-            data, size, seen = await anyio.to_thread.run_sync(
-                _pread_tail, file, path, n, limiter=self._limiter
-            )
+            with stage_network():
+                data, size, seen = await anyio.to_thread.run_sync(
+                    _pread_tail, file, path, n, limiter=self._limiter
+                )
             self._check_local_version(file, seen)
             self._bytes_received += len(data)
             return data, size
@@ -373,7 +377,8 @@ class RangeFetcher:
             return read[0], file.size
         transfer = _Transfer(self, file, start=None, end=None, suffix=n, kind="range")
         transfer.stop_when_sized = part_size is not None and n > part_size
-        data = await transfer.collect()
+        with stage_network():
+            data = await transfer.collect()
         if transfer.sized is not None:  # stopped at a redirect, which told the size
             sized = dataclasses.replace(file, size=transfer.sized)
             return await self.read_tail(sized, n, part_size=part_size)
@@ -662,7 +667,8 @@ class ByteStream:
     async def __anext__(self) -> bytes:
         if self._done:
             raise StopAsyncIteration
-        chunk = await self._source.next_chunk()
+        with stage_network():
+            chunk = await self._source.next_chunk()
         if chunk is None:
             await self.aclose()
             raise StopAsyncIteration

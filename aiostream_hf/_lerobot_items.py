@@ -7,8 +7,6 @@ from __future__ import annotations
 import functools
 from typing import TYPE_CHECKING, Any
 
-import anyio
-import anyio.to_thread
 import numpy as np
 import numpy.typing as npt
 
@@ -17,6 +15,7 @@ from ._lerobot_meta import _all
 from ._lerobot_readers import _ReaderPool
 from ._lerobot_rows import _Row
 from ._models import FileRef
+from ._stalls import run_decode
 from .video import VideoReader, seconds
 
 if TYPE_CHECKING:
@@ -112,7 +111,7 @@ async def _assemble(plan: _Plan, rows: list[_Row], pool: _ReaderPool) -> list[di
                 item["task"] = task
         return items
 
-    return await anyio.to_thread.run_sync(build)
+    return await run_decode(build)
 
 
 def _explain(

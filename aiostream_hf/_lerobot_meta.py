@@ -29,6 +29,7 @@ from ._models import FileRef
 from ._received import Received
 from ._resolver import Resolver
 from ._sources import BucketSource, HubSource
+from ._stalls import run_decode
 from .formats import ByteSource, ReadRequest
 from .formats.parquet import DecodeBudget, ParquetDecoder, decode_units, read_footer
 
@@ -298,7 +299,7 @@ async def _read_parquet(
         with decoding():
             return decode_units(footer, units, fetched, request, budget)
 
-    return await anyio.to_thread.run_sync(decode)
+    return await run_decode(decode)
 
 
 def _check_depth(data: bytes, what: str) -> None:

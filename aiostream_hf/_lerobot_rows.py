@@ -9,8 +9,6 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeAlias
 
-import anyio
-import anyio.to_thread
 import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
@@ -19,6 +17,7 @@ import pyarrow.compute as pc
 from ._exceptions import DecodeError
 from ._lerobot_meta import _INFO, EpisodeInfo, _all, _read_parquet
 from ._models import FileRef
+from ._stalls import run_decode
 from .formats import ByteSource
 
 if TYPE_CHECKING:
@@ -69,7 +68,7 @@ async def _load_episodes(
         return list(plan.columns)
 
     table = await _read_parquet(source, file, keep=keep, filter=filter)
-    return await anyio.to_thread.run_sync(_split_episodes, table, group, file, label)
+    return await run_decode(_split_episodes, table, group, file, label)
 
 
 async def _load_rows(

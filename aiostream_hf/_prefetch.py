@@ -37,6 +37,7 @@ import anyio.abc
 from anyio.abc import TaskGroup
 
 from ._exceptions import ClosedResourceError, SourceError
+from ._stalls import job as job_started
 
 __all__ = [
     "Background",
@@ -368,6 +369,7 @@ class Prefetcher(Background, Generic[T]):
         task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
     ) -> None:
         task_status.started()  # the job goes on at once, to its first checkpoint
+        job_started()  # its reads and decodes count after those of the jobs before it
         try:
             slot.value = await job.run()
             if job.held is not None:

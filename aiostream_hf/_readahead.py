@@ -39,6 +39,7 @@ import anyio
 
 from ._exceptions import ClosedResourceError, SourceError
 from ._prefetch import Background, PrefetchStatistics, Ramp, aclose_source
+from ._stalls import job as job_started
 
 __all__ = ["Emit", "Lane", "LaneReadahead"]
 
@@ -170,6 +171,7 @@ class LaneReadahead(Background, Generic[T]):
         self._hold(state, cost, item)
 
     async def _run(self, lane: Lane[T], state: _LaneState[T]) -> None:
+        job_started()  # lanes start in order: its reads count after the lanes before it
         try:
             await lane(partial(self._emit, state))
         except anyio.get_cancelled_exc_class():

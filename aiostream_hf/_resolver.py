@@ -132,6 +132,7 @@ from ._sources import (
     has_glob,
     parse_sources,
 )
+from ._stalls import network as stage_network
 from .stores import hub
 from .stores.hub import MAX_TREE_BYTES, MAX_TREE_FILES, MAX_TREE_PAGES
 
@@ -551,18 +552,19 @@ class Resolver:
             else:
                 self._counts.resolver_requests += 1
 
-        answer = await self._client.request(
-            method,
-            url,
-            options=self._options,
-            access=None if signer is not None else call.access,
-            params=params,
-            follow_redirects=follow_redirects,
-            body=None if body is None else _body_cap(body),
-            error_bodies=refused is not None,
-            signer=signer,
-            on_send=sent,
-        )
+        with stage_network():  # a resolution is a read the consumer may wait on
+            answer = await self._client.request(
+                method,
+                url,
+                options=self._options,
+                access=None if signer is not None else call.access,
+                params=params,
+                follow_redirects=follow_redirects,
+                body=None if body is None else _body_cap(body),
+                error_bodies=refused is not None,
+                signer=signer,
+                on_send=sent,
+            )
         self._counts.retries += answer.attempts - 1
         status = answer.response.status_code
         if status < (300 if refused is not None else 400):

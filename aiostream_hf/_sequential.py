@@ -33,6 +33,7 @@ import anyio.to_thread
 
 from ._exceptions import DecodeError, FetchError
 from ._models import FileRef
+from ._stalls import run_decode
 from .formats import Chunk, Position, ReadRequest, SequentialDecoder, StreamSource
 
 __all__ = ["Emit", "read_sequential"]
@@ -78,7 +79,7 @@ async def read_sequential(
             try:
                 async with receive:
                     async for block in receive:
-                        chunk = await anyio.to_thread.run_sync(parser.feed, block)
+                        chunk = await run_decode(parser.feed, block)
                         parser.report()
                         if chunk is not None:
                             await emit(chunk)
@@ -87,7 +88,7 @@ async def read_sequential(
                             break
                 if failed:
                     raise failed[0]
-                last = await anyio.to_thread.run_sync(parser.finish)
+                last = await run_decode(parser.finish)
                 parser.report()
             except anyio.get_cancelled_exc_class():
                 raise
@@ -99,7 +100,7 @@ async def read_sequential(
     except (DecodeError, FetchError) as exc:
         # What the parser holds whole when the stream broke off comes first; then the
         # error, or the final chunk of a file whose rest is skipped.
-        salvaged = await anyio.to_thread.run_sync(parser.salvage, exc)
+        salvaged = await run_decode(parser.salvage, exc)
         if salvaged is not None:
             parser.report()
             await emit(salvaged)

@@ -54,6 +54,7 @@ from ._readahead import Emit, Lane, LaneReadahead
 from ._received import Received
 from ._sequential import read_sequential
 from ._sources import parse_sources
+from ._stalls import run_decode
 from ._stream_state import check_cursor, check_unit
 from .formats import (
     ByteSource,
@@ -597,9 +598,7 @@ class Stream(Engine["tuple[_Tag, Any]"]):
                 # that had not would fetch its kept bytes again, not fail.
                 if last:
                     source.forget(units[0].file)
-            loaded = await anyio.to_thread.run_sync(
-                self._decode_all, decoder, group, fetched, limiter=decoding
-            )
+            loaded = await run_decode(self._decode_all, decoder, group, fetched, limiter=decoding)
             for (unit, _), item in zip(group, loaded, strict=False):  # shorter if one failed
                 if not isinstance(item[1], _Failed):
                     sizes.learn(unit, _held_bytes([item]))

@@ -40,6 +40,7 @@ from ._arrivals import Arrivals, Span, Unfinished, merge_spans
 from ._exceptions import DecodeError
 from ._models import FileRef
 from ._mp4 import SampleTable
+from ._stalls import run_decode
 from .formats import ByteSource, StreamSource
 from .formats._split import next_job, split, usable_cpus
 
@@ -576,7 +577,7 @@ async def _decode_indexed(
             spare = None if last else result.decoder
 
     async def convert() -> None:
-        images.update(await anyio.to_thread.run_sync(_to_rgb, hits, limiter=limiter))
+        images.update(await run_decode(_to_rgb, hits, limiter=limiter))
 
     async def read(arrivals: Arrivals, ranges: list[Span]) -> None:
         try:
@@ -630,7 +631,7 @@ async def _decode_indexed(
     async def decode_thread(w: int) -> None:
         # Decode threads are shared by every reader: hold one only once bytes come.
         await arrived.wait()
-        await anyio.to_thread.run_sync(decode_runs, w, limiter=limiter)
+        await run_decode(decode_runs, w, limiter=limiter)
 
     async def decode() -> None:
         async with anyio.create_task_group() as decoders:

@@ -36,6 +36,7 @@ from ._mp4 import (
     parse_moov,
     read_box_header,
 )
+from ._stalls import bytes_wait, run_decode
 from ._video_decode import _VIDEO_COALESCE_GAP, _check_length, _Indexed
 from ._video_demux import _Demuxed
 from .formats import ByteSource
@@ -221,7 +222,7 @@ async def _load(
     reads = await _read_ends(file, source, stats)
     table = await _moov_at_end(reads, name)
     if table is not None:  # the tail read held the index: the head is not needed
-        return await anyio.to_thread.run_sync(_Indexed, table, None)
+        return await run_decode(_Indexed, table, None)
     head = await reads.get(0, HEAD_READ_SIZE)
     kind = container_kind(head[:256])
     if kind is None:
@@ -236,10 +237,10 @@ async def _load(
         found = NoIndex(f"a {kind} file (only MP4 has an index read by range)")
     if isinstance(found, SampleTable):
         # A file the first reads hold whole is kept: its frames need no request.
-        return await anyio.to_thread.run_sync(_Indexed, found, reads.whole())
+        return await run_decode(_Indexed, found, reads.whole())
     if reads.size <= max_whole:  # held whole: its frames need no more requests
         data = await reads.get(0, reads.size)
-        return await anyio.to_thread.run_sync(_Demuxed, data, found, name)
+        return await run_decode(_Demuxed, data, found, name)
     # Over the option: FFmpeg reads it by range, in bounded blocks, from its thread.
 
     async def read_block(start: int, end: int) -> bytes:
@@ -249,9 +250,10 @@ async def _load(
         return block
 
     def fetch(start: int, end: int) -> bytes:  # in a worker thread
-        return anyio.from_thread.run(read_block, start, end)
+        with bytes_wait():
+            return anyio.from_thread.run(read_block, start, end)
 
-    return await anyio.to_thread.run_sync(
+    return await run_decode(
         functools.partial(
             _Demuxed, None, found, name, fetch=fetch, size=reads.size, limit=max_whole
         )
@@ -273,7 +275,7 @@ async def _moov_at_end(reads: _Reads, name: str) -> SampleTable | None:
         return None
     moov = memoryview(tail)[box.start - start : box.end - start]
     try:
-        found = await anyio.to_thread.run_sync(parse_moov, moov, name, reads.size)
+        found = await run_decode(parse_moov, moov, name, reads.size)
     except DecodeError:
         return None
     return found if isinstance(found, SampleTable) else None
@@ -297,7 +299,7 @@ async def _find_moov(reads: _Reads, name: str) -> SampleTable | NoIndex:
         box = read_box_header(header, pos, reads.size, name)
         if box.type == "moov":
             moov = await reads.get(box.start, box.end)
-            return await anyio.to_thread.run_sync(parse_moov, moov, name, reads.size)
+            return await run_decode(parse_moov, moov, name, reads.size)
         if box.type == "moof":
             return NoIndex("fragmented MP4 (moof before moov)")
         pos = box.end

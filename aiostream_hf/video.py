@@ -45,6 +45,7 @@ from ._models import FileRef
 from ._mp4 import HEAD_READ_SIZE as HEAD_READ_SIZE
 from ._mp4 import TAIL_READ_SIZE as TAIL_READ_SIZE
 from ._sources import is_bucket_uri
+from ._stalls import run_decode
 from ._video_decode import _DECODERS as _DECODERS
 from ._video_decode import _VIDEO_COALESCE_GAP as _VIDEO_COALESCE_GAP
 from ._video_decode import Array, _decode_indexed, _Indexed
@@ -341,7 +342,7 @@ class VideoReader:
             async with self._lock:
                 images = await _decode_indexed(index, unique, self._source, self.file, self._count)
         else:
-            images = await anyio.to_thread.run_sync(_decode_demuxed, index, unique, self.file.path)
+            images = await run_decode(_decode_demuxed, index, unique, self.file.path)
         try:
             data = np.stack([images[int(p)] for p in positions])
         except ValueError as exc:
