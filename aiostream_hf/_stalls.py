@@ -80,9 +80,9 @@ class Stalls:
         decode ran or waited for a thread (reads ahead included).
     blocked_on_consumer: time the producer held a loaded unit the consumer had not
         taken yet (the readahead was full).
-    bottleneck: the largest part of the consumer's time: "consumer" (its own time:
-        the model, the loop body), or the stage it waited on most ("network",
-        "decode", "engine"). None before the first wait or sample.
+    bottleneck: "consumer" when the consumer's own time (the model, the loop body) is
+        at least its wait: the data keeps up. Otherwise the stage it waited on most:
+        "network", "decode" or "engine". None before any time has passed.
     """
 
     seconds: float = 0.0
@@ -210,14 +210,13 @@ class StageClock:
             seconds = (self._ended if self._ended is not None else self._mark) - self._began
             waited = sum(self._waited.values())
             own = max(0.0, seconds - waited)
-            parts: dict[Bottleneck, float] = {
-                "consumer": own,
+            stages: dict[Bottleneck, float] = {
                 "network": self._waited["network"],
                 "decode": self._waited["decode"],
                 "engine": self._waited["engine"],
             }
-            largest: Bottleneck = max(parts, key=parts.__getitem__)
-            bottleneck = largest if seconds > 0 else None
+            slowest: Bottleneck = max(stages, key=stages.__getitem__)
+            bottleneck = None if seconds <= 0 else "consumer" if own >= waited else slowest
             return Stalls(
                 seconds=seconds,
                 waited=waited,

@@ -23,10 +23,7 @@ from __future__ import annotations
 import functools
 import json
 import math
-import os
-import platform
 import sys
-import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -487,6 +484,11 @@ def summarize(value: Any, width: int = 100) -> str:
 @click.option("--batch-size", type=click.IntRange(min=1), help="Count batches of this many rows.")
 @click.option("--arrow", is_flag=True, help="Read pyarrow RecordBatches (no Python rows).")
 @click.option(
+    "--rows",
+    is_flag=True,
+    help="On a LeRobot dataset, read its data rows only (default: items, frames decoded).",
+)
+@click.option(
     "--max-concurrency", type=click.IntRange(min=1), help="StreamOptions.max_concurrency."
 )
 @click.option(
@@ -505,6 +507,7 @@ def bench(
     limit: int | None,
     batch_size: int | None,
     arrow: bool,
+    rows: bool,
     max_concurrency: int | None,
     as_json: bool,
     progress: bool,
@@ -514,12 +517,19 @@ def bench(
     timeout: float,
     retries: int,
 ) -> None:
-    """Stream SOURCE to the end (or --limit) and report samples/s, MB/s and requests.
+    """Stream SOURCE to the end (or --limit) and report samples/s, MB/s, requests, and
+    where the time went.
 
-    A progress bar on stderr shows the rates while it runs. Requests are the ones
-    this client made: "api" (repo info and tree listings), "resolvers" (a file's
-    /resolve/ URL, once per file) and "cdn" (the range reads).
+    A progress bar on stderr shows the rates while it runs, and the share of the time
+    spent waiting for data and on what: the network, decoding, or the engine (the
+    bottleneck is "consumer" when the data keeps up). Requests are the ones this client
+    made: "api" (repo info and tree listings), "resolvers" (a file's /resolve/ URL,
+    once per file) and "cdn" (the range reads). A LeRobot dataset is benched as its
+    items, camera frames decoded (--rows: its data rows only).
     """
+    from ._cli_bench import bench as run_bench
+    from ._cli_bench import render
+
     limits = {} if max_concurrency is None else {"max_concurrency": max_concurrency}
     options = _options(no_sign_request, timeout, retries, **limits)
     kwargs: dict[str, Any] = {
@@ -533,142 +543,15 @@ def bench(
         "endpoint": endpoint,
         "token": token,
     }
-    result = run(_bench, source, kwargs, limit, progress)
+    result = run(functools.partial(run_bench, rows=rows), source, kwargs, limit, progress)
     if result["note"] is not None:
         click.echo(result["note"], err=True)
     if as_json:
         click.echo(json.dumps(result, indent=2))
         return
-    from ._demo import human_bytes, render_table
+    from ._demo import render_table
 
-    first = result["time_to_first_sample"]
-    req = result["requests"]
-    rows = [
-        ["samples", f"{result['samples']:,}"],
-        ["seconds", f"{result['seconds']:.2f}"],
-        ["samples/s", f"{result['samples_per_s']:,.0f}"],
-        ["MB/s", f"{result['mb_per_s']:.1f}"],
-        ["bytes received", human_bytes(result["bytes_received"])],
-        ["time to first sample", "-" if first is None else f"{first * 1000:.0f} ms"],
-        ["files", str(result["files"])],
-        ["requests: api", str(req["api"])],
-        ["requests: resolvers", str(req["resolvers"])],
-        ["requests: cdn", str(req["cdn"])],
-        ["requests: total", str(req["total"])],
-        ["retries", str(result["retries"])],
-        ["429s", str(result["throttled"])],
-    ]
-    click.echo(render_table(["bench", source], rows, right=(1,)))
-
-
-def _client_requests(stats: Any) -> dict[str, int]:
-    """This client's requests by Hub bucket, from a Stream's statistics."""
-    fetcher, resolver = stats.fetcher, stats.resolver
-    kinds = fetcher.get("requests", {})
-    api = int(resolver.get("api_requests", 0))
-    resolvers = int(resolver.get("resolver_requests", 0)) + int(kinds.get("resolve", 0))
-    cdn = int(kinds.get("range", 0)) + int(kinds.get("stream", 0))
-    return {"api": api, "resolvers": resolvers, "cdn": cdn, "total": api + resolvers + cdn}
-
-
-async def _bench(
-    source: str, kwargs: dict[str, Any], limit: int | None, progress: bool
-) -> dict[str, Any]:
-    from tqdm import tqdm  # type: ignore[import-untyped]
-
-    from .__version__ import __version__
-    from ._stream import stream
-
-    s = stream(source, **kwargs)
-    samples = 0
-    started = time.perf_counter()
-    bar: Any = None  # made at the first sample: bad input fails before any bar is drawn
-    last = 0.0
-
-    def rates(now: float) -> str:
-        stats = s.statistics()
-        elapsed = max(now - started, 1e-9)
-        received = int(stats.fetcher.get("bytes_received", 0))
-        return (
-            f"{elapsed:.1f} s, {samples / elapsed:,.0f} samples/s, "
-            f"{received / 1e6 / elapsed:.1f} MB/s, {_client_requests(stats)['total']} requests"
-        )
-
-    try:
-        async with s:
-            async for item in s:
-                samples += _count(item)
-                now = time.perf_counter()
-                if bar is None:
-                    bar = tqdm(
-                        total=limit,
-                        initial=samples,
-                        postfix=rates(now),
-                        file=sys.stderr,
-                        disable=not progress,
-                        dynamic_ncols=True,
-                        desc="bench",
-                        bar_format="{desc}: {n:,} samples{postfix}",
-                        mininterval=0.25,
-                    )
-                    last = now
-                elif now - last >= 0.25:
-                    last = now
-                    bar.set_postfix_str(rates(now), refresh=False)
-                bar.update(samples - bar.n)
-                if limit is not None and samples >= limit:
-                    break
-    finally:
-        if bar is not None:
-            bar.set_postfix_str(rates(time.perf_counter()), refresh=False)
-            bar.close()
-    seconds = time.perf_counter() - started
-    stats = s.statistics()
-    received = int(stats.fetcher.get("bytes_received", 0))
-    return {
-        "source": source,
-        "samples": samples,
-        "seconds": seconds,
-        "samples_per_s": samples / seconds if seconds > 0 else 0.0,
-        "bytes_received": received,
-        "mb_per_s": received / 1e6 / seconds if seconds > 0 else 0.0,
-        "time_to_first_sample": stats.time_to_first_sample,
-        "files": stats.files,
-        "requests": _client_requests(stats),
-        "retries": int(stats.fetcher.get("retries", 0)) + int(stats.resolver.get("retries", 0)),
-        "throttled": int(stats.fetcher.get("throttled", 0)),
-        "note": lerobot_note(s.manifest, "bench"),
-        "options": {
-            **{k: v for k, v in kwargs.items() if k not in ("options", "token")},
-            # the endpoint used: --endpoint, else HF_ENDPOINT, else the Hub (None: no Hub)
-            "endpoint": _endpoint_used(s, kwargs.get("endpoint")),
-        },
-        "environment": {
-            "aiostream_hf": __version__,
-            "python": platform.python_version(),
-            "platform": platform.platform(),
-            "cpu_count": os.cpu_count(),
-        },
-    }
-
-
-def _endpoint_used(s: Any, given: str | None) -> str | None:
-    """The Hub endpoint a stream read from: its manifest's (the resolver's choice among
-    ``--endpoint``, ``HF_ENDPOINT`` and the default), else the one given."""
-    manifest = s.manifest
-    if manifest is not None and manifest.endpoint is not None:
-        return str(manifest.endpoint)
-    return given
-
-
-def _count(item: Any) -> int:
-    """Samples in one item of a stream: a row (1), a RecordBatch or a dict-of-lists batch."""
-    rows = getattr(item, "num_rows", None)
-    if isinstance(rows, int):
-        return rows
-    if isinstance(item, Mapping) and item and all(isinstance(v, list) for v in item.values()):
-        return len(next(iter(item.values())))
-    return 1
+    click.echo(render_table(["bench", source], render(result), right=(1,)))
 
 
 # -- frames ---------------------------------------------------------------------------

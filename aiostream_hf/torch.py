@@ -23,8 +23,11 @@ from __future__ import annotations
 
 import abc
 import os
-from collections.abc import Iterator, Sequence
-from typing import Any, Protocol
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, Generic, Protocol, TypeVar
 
 try:
     import torch
@@ -41,7 +44,16 @@ from ._exceptions import SourceError
 from ._mix import Mix, Stop
 from ._stream import stream
 
-__all__ = ["LeRobotStreamDataset", "MixDataset", "StreamDataset", "distributed_rank"]
+__all__ = [
+    "LeRobotStreamDataset",
+    "MixDataset",
+    "StepStatistics",
+    "StreamDataset",
+    "TimedLoader",
+    "distributed_rank",
+]
+
+_T = TypeVar("_T")
 
 
 def distributed_rank() -> tuple[int, int]:
@@ -57,6 +69,8 @@ class _Resumable(Protocol):
     def __iter__(self) -> Iterator[Any]: ...
 
     def set_epoch(self, epoch: int) -> None: ...
+
+    def statistics(self) -> Any: ...
 
     def state_dict(self) -> dict[str, Any]: ...
 
@@ -103,6 +117,12 @@ class _StreamIterable(torch.utils.data.IterableDataset[Any]):
             self._pending_state = None
         self._stream = s
         return iter(s)
+
+    def statistics(self) -> Any:
+        """The ``statistics()`` of this process's stream (samples, requests, ``stalls``),
+        None before it is iterated. A DataLoader's workers each have their own stream;
+        with ``num_workers=0`` it is the loader's. ``TimedLoader`` times the loop."""
+        return None if self._stream is None else self._stream.statistics()
 
     def state_dict(self) -> dict[str, Any]:
         """This consumer's exact position (torchdata Stateful protocol)."""
@@ -211,4 +231,104 @@ class MixDataset(_StreamIterable):
             stop=self._stop,
             consumer=consumer if consumers > 1 else None,
             what="datasets",
+        )
+
+
+# -- how much of a step is spent waiting for data ------------------------------------------
+
+
+@dataclass(frozen=True)
+class StepStatistics:
+    """How a training loop's steps split between waiting for data and working.
+
+    steps: batches handed to the loop (a step ends when the loop asks for the next).
+    waited: seconds the loop waited for its batches (inside the loader's ``next``).
+    worked: seconds between a batch and the loop's next request: the step itself.
+    wait_share: ``waited / (waited + worked)`` over the steps ended so far: the share
+        of training time lost to input. Near 0: the data keeps up.
+    last_wait_share / recent_wait_share: the same for the last step ended, and over
+        the last ``window`` steps ended (None before the first).
+    """
+
+    steps: int
+    waited: float
+    worked: float
+    wait_share: float | None
+    last_wait_share: float | None
+    recent_wait_share: float | None
+
+
+class TimedLoader(Generic[_T]):
+    """A loader (a ``DataLoader``, ``StatefulDataLoader``, any iterable) whose loop is
+    timed: each step's wait for its batch, and its work until the next request.
+
+        loader = ash.torch.TimedLoader(DataLoader(ds, batch_size=32, num_workers=4))
+        for batch in loader:
+            train_step(batch)
+        loader.statistics().wait_share   # 0.02: 2% of the time waited for data
+
+    Any other attribute is the loader's (``loader.state_dict()``, ``len(loader)``), so
+    the wrapper can stand where the loader was. The figures add up over epochs. Memory:
+    the shares of the last ``window`` steps.
+    """
+
+    def __init__(
+        self,
+        loader: Iterable[_T],
+        *,
+        window: int = 100,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+            raise SourceError(f"TimedLoader(window={window!r}): give a step count >= 1")
+        self.loader = loader
+        self._clock = clock
+        self._steps = 0
+        self._waited = 0.0  # of the steps ended
+        self._worked = 0.0
+        self._wait: float | None = None  # the wait of the step under way
+        self._recent: deque[float] = deque(maxlen=window)
+
+    def __iter__(self) -> Iterator[_T]:
+        it = iter(self.loader)
+        handed: float | None = None  # when the last batch was handed to the loop
+        while True:
+            asked = self._clock()
+            if handed is not None:
+                self._step_ended(asked - handed)
+            try:
+                batch = next(it)
+            except StopIteration:
+                return
+            handed = self._clock()
+            self._wait = handed - asked
+            self._steps += 1
+            yield batch
+
+    def _step_ended(self, worked: float) -> None:
+        wait, self._wait = self._wait, None
+        if wait is None:
+            return
+        self._waited += wait
+        self._worked += worked
+        self._recent.append(wait / (wait + worked) if wait + worked > 0 else 0.0)
+
+    def __len__(self) -> int:
+        return len(self.loader)  # type: ignore[arg-type]
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "loader":  # not set yet (unpickling): no recursion
+            raise AttributeError(name)
+        return getattr(self.loader, name)
+
+    def statistics(self) -> StepStatistics:
+        total = self._waited + self._worked
+        recent = self._recent
+        return StepStatistics(
+            steps=self._steps,
+            waited=self._waited + (self._wait or 0.0),
+            worked=self._worked,
+            wait_share=self._waited / total if total > 0 else None,
+            last_wait_share=recent[-1] if recent else None,
+            recent_wait_share=sum(recent) / len(recent) if recent else None,
         )

@@ -925,17 +925,65 @@ def test_s3_hints_name_no_sign_request() -> None:
 
 
 @pytest.mark.parametrize("version", ["org/lerobot", "org/lerobot-v21"])
-def test_head_and_bench_say_they_read_a_lerobot_datasets_rows_only(
-    version: str, hub: HubServer
-) -> None:
+def test_head_says_it_reads_a_lerobot_datasets_rows_only(version: str, hub: HubServer) -> None:
     source = f"hf://datasets/{version}"
-    for args in (["head", source, "-n", "1"], ["bench", source, "--no-progress"]):
-        result = CliRunner().invoke(main, [*args, *endpoint(hub)])
-        assert result.exit_code == 0, result.output
-        assert "note: these are a LeRobot dataset's data files" in result.stderr
-        assert "not the camera frames" in result.stderr
+    result = CliRunner().invoke(main, ["head", source, "-n", "1", *endpoint(hub)])
+    assert result.exit_code == 0, result.output
+    assert "note: these are a LeRobot dataset's data files" in result.stderr
+    assert "not the camera frames" in result.stderr
     images = CliRunner().invoke(main, ["head", "hf://datasets/org/images", *endpoint(hub)])
     assert "LeRobot" not in images.stderr
+
+
+@pytest.mark.parametrize("version", ["org/lerobot", "org/lerobot-v21"])
+def test_bench_of_a_lerobot_dataset_reads_its_items_with_their_frames(
+    version: str, hub: HubServer, data: _Data
+) -> None:
+    robot = data.robots[version]
+    source = f"hf://datasets/{version}"
+    args = ["--json", "--no-progress", *endpoint(hub)]
+    result = CliRunner().invoke(main, ["bench", source, *args])
+    assert result.exit_code == 0, result.output
+    items = json.loads(result.stdout)
+    assert items["kind"] == "lerobot items"
+    assert items["samples"] == robot.total_frames
+    assert items["frames"] == robot.total_frames * len(robot.video_keys)
+    assert "camera frames decoded" in result.stderr
+    assert "--rows" in result.stderr
+    rows = CliRunner().invoke(main, ["bench", source, "--rows", *args])
+    assert rows.exit_code == 0, rows.output
+    read = json.loads(rows.stdout)
+    assert (read["kind"], read["samples"], read["note"]) == ("samples", robot.total_frames, None)
+    assert "frames" not in read
+    assert rows.stderr == ""
+    # an option only rows have: rows, and the note says what was not read
+    arrow = CliRunner().invoke(main, ["bench", source, "--arrow", *args])
+    assert arrow.exit_code == 0, arrow.output
+    assert json.loads(arrow.stdout)["kind"] == "samples"
+    assert "not the camera frames" in arrow.stderr
+
+
+def test_bench_of_a_local_lerobot_folder_reads_its_items(data: _Data) -> None:
+    robot = data.robots["org/lerobot-v21"]
+    result = CliRunner().invoke(main, ["bench", str(robot.path), "--json", "--no-progress"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["frames"] == robot.total_frames * len(robot.video_keys)
+
+
+def test_bench_says_where_the_time_went(hub: HubServer) -> None:
+    args = ["--json", "--no-progress", *endpoint(hub)]
+    result = json.loads(ok(run("bench", "hf://datasets/org/split-naming", *args)))
+    stalls = result["stalls"]
+    assert stalls["bottleneck"] in ("network", "decode", "engine", "consumer")
+    waited = stalls["waited_network"] + stalls["waited_decode"] + stalls["waited_engine"]
+    assert stalls["waited"] == pytest.approx(waited)
+    assert stalls["input_bound"] == pytest.approx(stalls["waited"] / stalls["seconds"])
+    table = ok(run("bench", "hf://datasets/org/split-naming", "--no-progress", *endpoint(hub)))
+    assert re.search(r"waited for data +\d+% \(network \d+%, decode \d+%, engine \d+%\)", table)
+    assert re.search(r"bottleneck +(network|decode|engine|consumer) \(", table)
+    bar = run("bench", "hf://datasets/org/split-naming", *endpoint(hub))
+    ok(bar)
+    assert "waiting for data" in bar.stderr  # live, on the bar
 
 
 @pytest.mark.parametrize("extension", sorted(TEXT_EXTENSIONS))

@@ -72,6 +72,24 @@ def test_the_consumers_wait_is_charged_to_the_stage_of_the_oldest_job() -> None:
     assert s.input_bound == pytest.approx(3.75 / 7.75)
 
 
+def test_a_wait_split_among_stages_is_still_the_bottleneck() -> None:
+    """The consumer waited longer than it worked: the input is the bottleneck, at the
+    stage waited on most, even when its own time is longer than any one stage."""
+    now = _Now()
+    clock = StageClock(now)
+    job = clock.next_job()
+    with clock.consumer_waiting():
+        with clock.stage("network", job):
+            now += 1.0
+        with clock.stage("decode", job):
+            now += 1.5
+        now += 1.0
+    now += 3.0
+    assert clock.stalls().bottleneck == "decode"
+    now += 0.5  # now it worked as long as it waited
+    assert clock.stalls().bottleneck == "consumer"
+
+
 def test_work_outside_any_job_counts_first() -> None:
     """The producer's own reads (a resolution, job -1) are what the consumer waits for,
     whatever the jobs do beside them."""
