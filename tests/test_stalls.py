@@ -108,13 +108,16 @@ def test_a_job_reading_ahead_of_its_decode_waits_on_the_decode() -> None:
     now = _Now()
     clock = StageClock(now)
     job = clock.next_job()
-    with clock.consumer_waiting(), clock.stage("network", job):
-        with clock.stage("decode", job) as key:
-            now += 1.0
-            clock.switch(key, "network")  # the decode thread waits for its bytes
-            now += 2.0
-            clock.switch(key, "decode")
-            now += 0.5
+    with (
+        clock.consumer_waiting(),
+        clock.stage("network", job),
+        clock.stage("decode", job) as key,
+    ):
+        now += 1.0
+        clock.switch(key, "network")  # the decode thread waits for its bytes
+        now += 2.0
+        clock.switch(key, "decode")
+        now += 0.5
     s = clock.stalls()
     assert (s.waited_decode, s.waited_network, s.decode_busy) == (1.5, 2.0, 1.5)
     assert s.bottleneck == "network"

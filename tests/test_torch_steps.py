@@ -93,6 +93,7 @@ def test_it_stands_where_a_dataloader_was(tmp_path: Path) -> None:
     s = loader.statistics()
     assert sorted(ids) == list(range(40))
     assert s.steps == 5
-    assert s.wait_share is not None and 0.0 <= s.wait_share <= 1.0
+    assert s.wait_share is not None
+    assert 0.0 <= s.wait_share <= 1.0
     assert loader.batch_size == 8  # the loader's own attributes
     assert ds.statistics().stalls.seconds > 0  # the stream of this process, num_workers=0
