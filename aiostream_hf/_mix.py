@@ -116,7 +116,9 @@ class MixStatistics:
 
     samples: the samples it delivered. drawn: how many came from each member (in the
     order of ``streams``). exhausted: the members that ended. members: each member's
-    own ``statistics()`` (requests, bytes, samples read).
+    own ``statistics()`` (requests, bytes, samples read). A member's ``stalls`` see the
+    mixture as its consumer: the time the mixture spent on the other members counts as
+    that consumer's own.
     """
 
     samples: int

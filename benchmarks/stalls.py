@@ -7,15 +7,16 @@ One Parquet dataset (text rows) on a local Hub server in its own process, read t
 end four ways, each with one bottleneck made on purpose:
 
 - network: the server sends at most 4 MB/s in all (``Faults.bandwidth_total``);
-- decode: a decoder that spends 4 ms of CPU per row group beyond Parquet's own work
+- decode: a decoder that spends 50 ms of CPU per row group beyond Parquet's own work
   (a ParquetDecoder whose ``decode`` also burns CPU), the server unthrottled;
-- consumer: the loop body sleeps 1 ms per 100 rows (a model step), nothing else slow;
+- consumer: the loop body sleeps 1 ms per 10 rows (a model step), nothing else slow;
 - none: nothing slowed (reported, not judged: its bottleneck is whatever is slowest).
 
 Each run records the ``Stalls`` the stream reports and the bottleneck named, beside the
-one made. Then a DataLoader (2 workers, batches of 256 rows) over the same dataset is
-timed with ``aiostream_hf.torch.TimedLoader``, once under the network cap and once with
-a 20 ms model step: the share of the step spent waiting for data. Rounds alternate the
+one made. Then a DataLoader (2 workers, batches of 32 rows: 250 steps) over the same
+dataset is timed with ``aiostream_hf.torch.TimedLoader``, once under the network cap
+and once with a 20 ms model step: the share of the steps spent waiting for data, over
+the run (the workers' start included) and over its last 100 steps. Rounds alternate the
 runs. The chart (``--chart``) shows the consumer's time of each run by part.
 """
 
@@ -42,11 +43,11 @@ from aiostream_hf.testing import Faults, HubServer, make_repo, make_text_parquet
 
 REPO = "bench/stalls"
 FILES = 4
-ROWS = 4_000  # per file: ~22 MB in all
-GROUP = 500
+ROWS = 2_000  # per file: ~22 MB in all
+GROUP = 250
 NETWORK_CAP = 4e6  # bytes/s
-DECODE_BURN_S = 0.004  # per row group
-CONSUMER_SLEEP_S = 0.001  # per 100 rows
+DECODE_BURN_S = 0.05  # per row group
+CONSUMER_SLEEP_S = 0.001  # per 10 rows
 STEP_S = 0.02  # the model step of the DataLoader run
 RUNS = ("network", "decode", "consumer", "none")
 
@@ -87,7 +88,7 @@ def _stream_run(run: str, endpoint: str, capped: str) -> dict[str, Any]:
     with s:
         for _ in s:
             rows += 1
-            if run == "consumer" and rows % 100 == 0:
+            if run == "consumer" and rows % 10 == 0:
                 time.sleep(CONSUMER_SLEEP_S)
     seconds = time.perf_counter() - started
     st = s.statistics().stalls
@@ -109,7 +110,7 @@ def _torch_run(run: str, endpoint: str, capped: str) -> dict[str, Any]:
     source = f"hf://datasets/{REPO}"
     ds = StreamDataset(source, split="train", endpoint=capped if run == "network" else endpoint)
     loader = TimedLoader(
-        torch.utils.data.DataLoader(ds, batch_size=256, num_workers=2, prefetch_factor=2)
+        torch.utils.data.DataLoader(ds, batch_size=32, num_workers=2, prefetch_factor=2)
     )
     rows = 0
     for batch in loader:
@@ -122,6 +123,63 @@ def _torch_run(run: str, endpoint: str, capped: str) -> dict[str, Any]:
 
 def _share(values: list[float]) -> dict[str, float]:
     return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
+BEGIN, END = "<!-- stalls.py: begin -->", "<!-- stalls.py: end -->"
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.0f}%"
+
+
+def table(record: dict[str, Any]) -> str:
+    """The markdown table of a recorded run (``docs/where-time-goes.md`` holds it)."""
+    summary = record["summary"]
+    lines = [
+        "| bottleneck made | named (each round) | waited for data, median (min-max) "
+        "| network | decode | engine | own | rows/s, median |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for run in RUNS:
+        r = summary[run]
+        ib, parts = r["input_bound"], r["parts"]
+        lines.append(
+            f"| {r['made'] or 'none (nothing slowed)'} | {', '.join(r['named_every_round'])} "
+            f"| {_pct(ib['median'])} ({_pct(ib['min'])}-{_pct(ib['max'])}) "
+            f"| {_pct(parts['waited_network'])} | {_pct(parts['waited_decode'])} "
+            f"| {_pct(parts['waited_engine'])} | {_pct(parts['own'])} "
+            f"| {r['rows_per_s']['median']:,.0f} |"
+        )
+    torch_rows = [k for k in ("torch-network", "torch-consumer") if k in summary]
+    if torch_rows:
+        lines += [
+            "",
+            "| DataLoader, 2 workers | wait share of the steps, median (min-max) "
+            "| last 100 steps, median (min-max) |",
+            "|---|---|---|",
+        ]
+        for key in torch_rows:
+            w, recent = summary[key]["wait_share"], summary[key]["recent_wait_share"]
+            what = "network cap" if key == "torch-network" else "20 ms model step"
+            lines.append(
+                f"| {what} | {_pct(w['median'])} ({_pct(w['min'])}-{_pct(w['max'])}) "
+                f"| {_pct(recent['median'])} ({_pct(recent['min'])}-{_pct(recent['max'])}) |"
+            )
+    env = record["environment"]
+    lines += [
+        "",
+        f"Recorded {env['date'][:16].replace('T', ' ')} UTC on {env['platform']}, "
+        f"{env['cpu_count']} CPUs, {record['setup']['rounds']} rounds "
+        "(benchmarks/results/checks/stalls.json).",
+    ]
+    return "\n".join(lines)
+
+
+def write_docs(record: dict[str, Any], docs: Path) -> None:
+    """Put ``table(record)`` between the markers of ``docs``."""
+    text = docs.read_text()
+    start, end = text.index(BEGIN) + len(BEGIN), text.index(END)
+    docs.write_text(text[:start] + "\n" + table(record) + "\n" + text[end:])
 
 
 def _chart(summary: dict[str, Any], path: Path) -> None:
@@ -137,7 +195,7 @@ def _chart(summary: dict[str, Any], path: Path) -> None:
         ("waited_engine", "waiting: engine", "#8c8c8c"),
     ]
     runs = list(RUNS)
-    fig, ax = plt.subplots(figsize=(8, 3.2))
+    fig, ax = plt.subplots(figsize=(9, 3.8))
     left = [0.0] * len(runs)
     for key, label, color in parts:
         widths = [100 * summary[r]["parts"][key] for r in runs]
@@ -149,7 +207,7 @@ def _chart(summary: dict[str, Any], path: Path) -> None:
     ax.set_xlabel("% of the stream's wall time (median of rounds)")
     ax.invert_yaxis()
     ax.set_title("Where a stream's time went, by the bottleneck made (benchmarks/stalls.py)")
-    ax.legend(loc="lower right", fontsize=8)
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.22), ncol=4, fontsize=8)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
@@ -162,6 +220,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=HERE / "results" / "checks" / "stalls.json")
     p.add_argument("--chart", type=Path, default=HERE.parent / "docs" / "img" / "stalls.png")
     p.add_argument("--no-torch", action="store_true")
+    p.add_argument(
+        "--docs",
+        type=Path,
+        default=HERE.parent / "docs" / "where-time-goes.md",
+        help="the page whose table is rewritten (between its markers)",
+    )
     args = p.parse_args(argv)
 
     results: list[dict[str, Any]] = []
@@ -190,7 +254,8 @@ def main(argv: list[str] | None = None) -> int:
                         results.append(got)
                         print(
                             f"round {r} torch-{run} {got['rows']:,} rows, "
-                            f"wait share {got['wait_share']:.2f}",
+                            f"wait share {got['wait_share']:.2f}, "
+                            f"last 100 steps {got['recent_wait_share']:.2f}",
                             flush=True,
                         )
 
@@ -214,7 +279,10 @@ def main(argv: list[str] | None = None) -> int:
     for run in ("network", "consumer"):
         mine = [x for x in results if x["run"] == f"torch-{run}"]
         if mine:
-            summary[f"torch-{run}"] = {"wait_share": _share([x["wait_share"] for x in mine])}
+            summary[f"torch-{run}"] = {
+                "wait_share": _share([x["wait_share"] for x in mine]),
+                "recent_wait_share": _share([x["recent_wait_share"] for x in mine]),
+            }
     record = {
         "environment": _harness.environment(["aiostream-hf", "pyarrow", "torch"]),
         "setup": {
@@ -223,7 +291,7 @@ def main(argv: list[str] | None = None) -> int:
             "row_group_size": GROUP,
             "network_cap_bytes_per_s": NETWORK_CAP,
             "decode_burn_s_per_row_group": DECODE_BURN_S,
-            "consumer_sleep_s_per_100_rows": CONSUMER_SLEEP_S,
+            "consumer_sleep_s_per_10_rows": CONSUMER_SLEEP_S,
             "torch_step_s": STEP_S,
             "rounds": args.rounds,
         },
@@ -235,6 +303,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"wrote {args.out}")
     _chart(summary, args.chart)
     print(f"wrote {args.chart}")
+    write_docs(record, args.docs)
+    print(f"wrote {args.docs}")
     wrong = [r for r in RUNS if not summary[r]["right_every_round"]]
     if wrong:
         print(f"named wrong in some round: {', '.join(wrong)}")

@@ -9,6 +9,8 @@ whose bottleneck is known (docs/where-time-goes.md).
 
 from __future__ import annotations
 
+import importlib.util
+import json
 import threading
 from pathlib import Path
 from typing import Any
@@ -263,3 +265,25 @@ async def test_a_loop_left_early_stops_its_clock(root: Path) -> None:
             left: Any = s.statistics().stalls
             await anyio.sleep(0.05)  # the consumer's own time, once the loop is left
             assert s.statistics().stalls == left  # stopped when the loop was left
+
+
+# -- the recorded run ----------------------------------------------------------------------
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_the_recorded_run_named_every_bottleneck_made_and_the_page_shows_it() -> None:
+    """benchmarks/stalls.py made each bottleneck on purpose; its record must name each
+    one in every round, and docs/where-time-goes.md must show that record."""
+    record = json.loads((ROOT / "benchmarks/results/checks/stalls.json").read_text())
+    for made in ("network", "decode", "consumer"):
+        run = record["summary"][made]
+        assert run["named_every_round"] == [made] * record["setup"]["rounds"]
+        assert all(r["named"] == made for r in record["runs"] if r["run"] == made)
+    spec = importlib.util.spec_from_file_location("stalls_bench", ROOT / "benchmarks/stalls.py")
+    assert spec is not None
+    assert spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    page = (ROOT / "docs/where-time-goes.md").read_text()
+    assert f"{bench.BEGIN}\n{bench.table(record)}\n{bench.END}" in page
