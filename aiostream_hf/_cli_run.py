@@ -20,13 +20,16 @@ import time
 import urllib.parse
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from pathlib import Path
-from typing import Any, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import anyio
 import click
 import httpx2
 
 from ._exceptions import AiostreamError
+
+if TYPE_CHECKING:
+    from ._describe import Names
 
 __all__ = [
     "EXIT_INTERRUPTED",
@@ -36,6 +39,7 @@ __all__ = [
     "check_writable",
     "explained",
     "one_line",
+    "report_absent",
     "run",
     "write_or_fail",
 ]
@@ -347,3 +351,43 @@ def lerobot_note(manifest: Any, command: str) -> str | None:
         "camera frames; `aiostream-hf ls` names the cameras, `aiostream-hf frames` decodes a "
         "video, and aiostream_hf.lerobot.stream() gives items with their frames"
     )
+
+
+def report_absent(source: str, names: Names | None) -> None:
+    """When some files ``source`` names are not there (``names``: ``_describe.Names``, or
+    None when they were not checked), a line for each on stdout (``missing (HTTP 404)
+    URL``), then exit code 1 with one line naming them, by reason, and the way out."""
+    if names is None or not names.absent:
+        return
+    absent = names.absent
+    width = max(len(a.reason) for a in absent)
+    click.echo()
+    click.echo(f"not there: {len(absent)} of the {plural(names.count, 'file')} named")
+    for a in absent:
+        click.echo(f"{a.reason.ljust(width)}  {a.name}")
+    if names.count == 1:
+        raise click.ClickException(f"{source!r} is not there: {absent[0].reason}. Check the URL.")
+    shorts = [a.short for a in absent]
+    unique = len(set(shorts)) == len(shorts)  # else the full names tell them apart
+    by_reason: dict[str, list[str]] = {}
+    for a, short in zip(absent, shorts, strict=True):
+        by_reason.setdefault(a.reason, []).append(short if unique else a.name)
+    listed = "; ".join(
+        f"{reason}: {', '.join(found[:5])}" + (f" and {len(found) - 5} more" if found[5:] else "")
+        for reason, found in by_reason.items()
+    )
+    present = len(names.present)
+    if present:
+        verb = "is" if len(absent) == 1 else "are"
+        head = f"{len(absent)} of the {names.count} files that {source!r} names {verb} not there"
+        verb = "is" if present == 1 else "are"
+        way = (
+            f"The {present} that {verb} there {verb} listed above: narrow the braces to them, "
+            "or fix the pattern."
+        )
+    else:
+        head = f"none of the {names.count} files that {source!r} names is there"
+        way = "Check the pattern: its host, path and brace ranges."
+    if any(a.reason.startswith("refused") for a in absent):
+        way += " A refusal means no access, or, where a bucket may not be listed, no such file."
+    raise click.ClickException(f"{head}; {listed}. {way}")

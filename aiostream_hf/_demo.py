@@ -15,9 +15,9 @@ The demo needs no network and no account. It
 4. streams the same text Parquet with ``datasets`` (``streaming=True``, in a
    subprocess with ``HF_ENDPOINT`` pointing at the local server) when it is
    installed;
-5. writes a contact sheet of the sampled video frames and returns a table of
-   samples/s, MB/s, time to first sample and requests by bucket, as the server
-   counted them.
+5. writes a contact sheet of the sampled video frames, each captioned with its item,
+   episode and time, and returns a table of samples/s, MB/s, time to first sample and
+   requests by bucket, as the server counted them.
 
 It also holds the small helpers the CLI shares with it: a text table, byte
 sizes for humans, the contact sheet and a PNG writer (PyAV's ``png`` encoder:
@@ -53,12 +53,16 @@ import numpy as np
 import numpy.typing as npt
 
 from . import video
+from ._glyphs import GLYPH_HEIGHT, draw_text
 from ._options import StreamOptions
 from ._stream import stream
 
 __all__ = [
+    "CAPTION_INK",
     "DemoReport",
     "DemoRow",
+    "SHEET_BACKGROUND",
+    "caption_scale",
     "contact_sheet",
     "human_bytes",
     "png_bytes",
@@ -103,22 +107,52 @@ def render_table(
     return "\n".join([line(headers), rule, *(line(r) for r in rows)])
 
 
+#: The sheet's background, and the colour of its captions.
+SHEET_BACKGROUND = 24
+CAPTION_INK = (230, 230, 230)
+
+
+def caption_scale(captions: Sequence[str], width: int) -> int:
+    """The size the captions are drawn at under tiles ``width`` pixels wide: twice the
+    font's when the longest fits, else its own (a longer caption is cut at the edge)."""
+    longest = max((len(c) for c in captions), default=0)
+    return 2 if (6 * longest - 1) * 2 <= width else 1
+
+
 def contact_sheet(
-    images: npt.NDArray[np.uint8], *, columns: int | None = None, pad: int = 4
+    images: npt.NDArray[np.uint8],
+    *,
+    columns: int | None = None,
+    pad: int = 4,
+    captions: Sequence[str] | None = None,
 ) -> npt.NDArray[np.uint8]:
-    """Tile T x H x W x 3 frames into one RGB image, left to right, top to bottom."""
+    """Tile T x H x W x 3 frames into one RGB image, left to right, top to bottom.
+
+    With ``captions`` (one per frame), each tile has its caption in a band below it,
+    ``pad`` pixels under the frame, drawn with the built-in 5 x 7 font (``_glyphs``) at
+    ``caption_scale``; the band is the text's height plus ``pad``."""
     if images.ndim != 4 or images.shape[-1] != 3 or len(images) == 0:
         raise ValueError(f"contact_sheet needs T x H x W x 3 frames, got shape {images.shape}")
     count, height, width, _ = images.shape
+    if captions is not None and len(captions) != count:
+        raise ValueError(f"contact_sheet got {len(captions)} captions for {count} frames")
+    scale = caption_scale(captions or (), width)
+    band = 0 if captions is None else GLYPH_HEIGHT * scale + pad
     cols = max(1, min(columns or min(count, 4), count))
     rows = -(-count // cols)
+    cell = height + band
     sheet = np.full(
-        (rows * height + (rows + 1) * pad, cols * width + (cols + 1) * pad, 3), 24, np.uint8
+        (rows * cell + (rows + 1) * pad, cols * width + (cols + 1) * pad, 3),
+        SHEET_BACKGROUND,
+        np.uint8,
     )
     for i, image in enumerate(images):
         r, c = divmod(i, cols)
-        top, left = pad + r * (height + pad), pad + c * (width + pad)
+        top, left = pad + r * (cell + pad), pad + c * (width + pad)
         sheet[top : top + height, left : left + width] = image
+        if captions is not None:  # drawn into the band below the tile, cut at its edges
+            under = sheet[top + height + pad : top + cell, left : left + width]
+            draw_text(under, captions[i], 0, 0, scale=scale, color=CAPTION_INK)
     return sheet
 
 
@@ -327,6 +361,21 @@ class _Frames:
     images: npt.NDArray[np.uint8]
     video_size: int = 0
     items: int = 0
+    captions: tuple[str, ...] = ()  # one per frame of ``images``, when they have them
+
+
+def item_captions(item: Mapping[str, Any], key: str = _CAMERA) -> list[str]:
+    """The captions of the frames of a LeRobot item (``item[key]``, one per delta of
+    ``_DELTAS``): the item's index, its episode and the time of the frame in the episode,
+    ``pad`` when that time is outside the episode (LeRobot repeated its nearest frame)."""
+    pads = item.get(f"{key}_is_pad")
+    t = float(item["timestamp"])
+    captions = []
+    for k, delta in enumerate(_DELTAS):
+        at = round(t + delta, 2) + 0.0  # + 0.0: never "-0.00"
+        text = f"item {int(item['index'])} ep {int(item['episode_index'])} t={at:.2f} s"
+        captions.append(text + (" pad" if pads is not None and bool(pads[k]) else ""))
+    return captions
 
 
 async def _measure_lerobot_items(hub: Any, repo: str, stride: int, cache: Path) -> _Frames:
@@ -344,11 +393,13 @@ async def _measure_lerobot_items(hub: Any, repo: str, stride: int, cache: Path) 
         options=StreamOptions(cache_dir=cache),
     )
     kept: list[npt.NDArray[np.uint8]] = []
+    captions: list[str] = []
     items = 0
     async with s:
         async for item in s:
             if item["index"] % stride == 0:
                 kept.append(item[_CAMERA])
+                captions += item_captions(item, _CAMERA)
             items += 1
     seconds = time.perf_counter() - started
     stats = hub.stats()
@@ -363,7 +414,7 @@ async def _measure_lerobot_items(hub: Any, repo: str, stride: int, cache: Path) 
         first,
         _requests(stats),
     )
-    return _Frames(row, np.concatenate(kept))
+    return _Frames(row, np.concatenate(kept), captions=tuple(captions))
 
 
 async def _measure_sparse_frames(hub: Any, repo: str, per_episode: int, cache: Path) -> _Frames:
@@ -557,14 +608,16 @@ def run_demo(
             return items, sparse
 
         items, sparse = anyio.run(measure)
-    sheet_frames = _half(items.images[: 2 * _SHEET_ITEMS])
-    sheet = write_png(folder / "contact_sheet.png", contact_sheet(sheet_frames))
+    shown = len(_DELTAS) * _SHEET_ITEMS  # each item's frames side by side, a caption each
+    sheet_frames, captions = _half(items.images[:shown]), items.captions[:shown]
+    sheet = write_png(folder / "contact_sheet.png", contact_sheet(sheet_frames, captions=captions))
     deltas = ", ".join(f"{d:+.1f}" for d in _DELTAS)
     notes.append(
         f"LeRobot v3.0: {items.row.samples} items, each with the camera frames at t{deltas} s "
         f"(delta_timestamps), from one {human_bytes(sparse.video_size)} video of "
         f"{len(sizes.episodes)} episodes; the contact sheet shows the {len(sheet_frames)} "
-        f"frames of {len(sheet_frames) // len(_DELTAS)} of them, each item's side by side"
+        f"frames of {len(sheet_frames) // len(_DELTAS)} of them, each item's side by side, "
+        "captioned with its index, episode and the frame's time"
     )
     fetched = sparse.row.bytes_served
     notes.append(

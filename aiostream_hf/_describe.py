@@ -11,6 +11,9 @@
 - ``payload_value``: a WebDataset payload of a text-like extension (``.txt``,
   ``.cls``, ``.json``...) decoded as webdataset's default decoders decode it; other
   payloads stay bytes.
+- ``check_names``: which of the files a brace pattern (``shard-{000..009}.tar``) or an
+  http(s) URL names are there, with the sizes of the URLs, and those that are not
+  (``Absent``: ``missing (HTTP 404)``, ``missing (not in the repo)``...).
 
 Rendering is the CLI's (``cli.py``); nothing here prints.
 """
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import posixpath
 import re
 from collections.abc import Callable, Mapping, Sequence
@@ -27,9 +31,24 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
-from ._exceptions import FetchError
+import anyio
+
+from ._exceptions import (
+    AiostreamError,
+    EntryNotFoundError,
+    FetchError,
+    RangeMismatchError,
+    SourceError,
+)
 from ._models import FileRef, Manifest
-from ._sources import BucketSource, HubSource, has_glob, is_bucket_uri, parse_sources
+from ._sources import (
+    BucketSource,
+    HubSource,
+    expand_braces,
+    has_glob,
+    is_bucket_uri,
+    parse_sources,
+)
 
 if TYPE_CHECKING:
     from ._engine import Readers
@@ -37,10 +56,13 @@ if TYPE_CHECKING:
     from .lerobot import LeRobotMetadata
 
 __all__ = [
+    "Absent",
     "Camera",
     "LeRobotSummary",
+    "Names",
     "ShardGroup",
     "WebDatasetSummary",
+    "check_names",
     "find_lerobot",
     "load_lerobot",
     "local_lerobot",
@@ -351,6 +373,156 @@ async def webdataset_summary(
             if count >= samples:
                 break
     return WebDatasetSummary(groups, tuple(seen), count, _name(shard, first.repo_id is not None))
+
+
+# -- brace patterns and URLs: which files are there --------------------------------------
+
+
+@dataclass(frozen=True)
+class Absent:
+    """A file a source names that is not there, and what said so."""
+
+    name: str  # the source string, braces expanded: a URL, an hf:// URI, a path
+    reason: str  # "missing (HTTP 404)", "refused (HTTP 403)", "missing (not in the repo)"
+
+    @property
+    def short(self) -> str:
+        """The last segment of the name: ``shard-003.tar``."""
+        return self.name.rstrip("/").rsplit("/", 1)[-1] or self.name
+
+
+@dataclass(frozen=True)
+class Names:
+    """The strings a source expands to: those that name files, and those that do not."""
+
+    present: tuple[str, ...]
+    absent: tuple[Absent, ...]
+    sizes: Mapping[str, int]  # URL -> its size, from the answer to the check
+
+    @property
+    def count(self) -> int:
+        return len(self.present) + len(self.absent)
+
+    def sized(self, manifest: Manifest) -> Manifest:
+        """``manifest`` with the sizes the check learned given to its URLs' files."""
+        files = tuple(
+            dataclasses.replace(f, size=self.sizes[f.url])
+            if f.size is None and f.url in self.sizes
+            else f
+            for f in manifest.files
+        )
+        return dataclasses.replace(manifest, files=files)
+
+
+#: Statuses that say a URL names no file (404, 410), or none we may read (401, 403: an
+#: S3 bucket that may not be listed answers 403 for a key that is not there).
+_MISSING = (404, 410)
+_REFUSED = (401, 403)
+
+
+async def check_names(source: str, readers: Readers) -> Names | None:
+    """Which of the files ``source`` names are there, when its braces expand to several
+    strings or it is an http(s) URL (whose size only an answer tells); None otherwise,
+    and for a malformed pattern (the resolver then says what is wrong with it).
+
+    hf:// and bucket URIs are first resolved together: one listing of the repo or bucket,
+    as reading them would cost. Otherwise, or when one of them is not there, each
+    string is checked by itself, ``max_concurrency`` at a time: an http(s) URL by a
+    one-byte suffix read through the fetcher (the answer's ``Content-Range`` gives the
+    size; a HEAD when the server ignores Range), 404/410 missing and 401/403 refused; an
+    hf:// or bucket URI by resolving it alone (the repo's tree is listed once and kept; a
+    bucket is listed under each key, a short answer each), missing when the listing has
+    no such file; a local path (not a glob) missing when nothing is there. Any other
+    failure is raised, as reading would raise it.
+    """
+    try:
+        names = expand_braces(source)
+    except SourceError:
+        return None
+    if len(names) == 1 and not _is_url(names[0]):
+        return None
+    if all(_scheme(n) not in ("", "http", "https") for n in names):
+        try:  # hf:// or bucket URIs: one listing tells when every one is there
+            await readers.resolver.resolve(names)
+        except EntryNotFoundError:
+            pass  # which are not: each by itself, below
+        else:
+            return Names(present=tuple(names), absent=(), sizes={})
+    results: list[Absent | int | None] = [None] * len(names)
+    failures: list[AiostreamError] = []
+    pending = iter(enumerate(names))
+
+    async def check() -> None:
+        for i, name in pending:  # one iterator, shared by the checkers
+            try:
+                results[i] = await _check_name(name, readers)
+            except AiostreamError as exc:
+                failures.append(exc)
+                tg.cancel_scope.cancel()  # the command fails with it: the rest is no use
+                return
+
+    async with anyio.create_task_group() as tg:
+        for _ in range(min(len(names), readers.fetcher.options.max_concurrency)):
+            tg.start_soon(check)
+    if failures:
+        raise failures[0]
+    return Names(
+        present=tuple(n for n, r in zip(names, results, strict=True) if not isinstance(r, Absent)),
+        absent=tuple(r for r in results if isinstance(r, Absent)),
+        sizes={n: r for n, r in zip(names, results, strict=True) if isinstance(r, int)},
+    )
+
+
+async def _head_size(url: str, readers: Readers) -> int | None:
+    """The ``Content-Length`` of a HEAD of ``url`` (through the client, as every request),
+    or None when its answer gives none."""
+    answer = await readers.client.request(
+        "HEAD", url, options=readers.fetcher.options, access=readers.access, error=FetchError
+    )
+    length = answer.response.headers.get("Content-Length", "")
+    return int(length) if answer.response.status_code == 200 and length.isdigit() else None
+
+
+def _lexists(path: str) -> bool:
+    return os.path.lexists(os.path.expanduser(path))
+
+
+def _scheme(name: str) -> str:
+    scheme, sep, _ = name.partition("://")
+    return scheme.lower() if sep else ""
+
+
+def _is_url(name: str) -> bool:
+    return _scheme(name) in ("http", "https")
+
+
+async def _check_name(name: str, readers: Readers) -> Absent | int | None:
+    """``Absent``, the size of a URL that is there, or None (there, size from a listing)."""
+    if _is_url(name):
+        try:
+            _, size = await readers.fetcher.read_tail(FileRef(name, name), 1)
+        except RangeMismatchError as exc:
+            if exc.status != 200:
+                raise
+            return await _head_size(name, readers)  # it is there; its server ignores Range
+        except FetchError as exc:
+            if exc.status in _MISSING:
+                return Absent(name, f"missing (HTTP {exc.status})")
+            if exc.status in _REFUSED:
+                return Absent(name, f"refused (HTTP {exc.status})")
+            raise
+        return size
+    scheme = _scheme(name)
+    if not scheme:
+        if has_glob(name) or await anyio.to_thread.run_sync(_lexists, name):
+            return None
+        return Absent(name, "missing (no such file)")
+    if scheme == "hf" or is_bucket_uri(name):
+        try:
+            await readers.resolver.resolve(name)
+        except EntryNotFoundError:
+            return Absent(name, f"missing (not in the {'repo' if scheme == 'hf' else 'bucket'})")
+    return None
 
 
 # -- head -------------------------------------------------------------------------------

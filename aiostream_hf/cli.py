@@ -39,6 +39,7 @@ from ._cli_run import (
     explained,
     lerobot_note,
     plural,
+    report_absent,
     repos_under,
     run,
     served_repos,
@@ -47,7 +48,7 @@ from ._cli_run import (
 from ._exceptions import AiostreamError
 
 if TYPE_CHECKING:
-    from ._describe import LeRobotSummary, WebDatasetSummary
+    from ._describe import LeRobotSummary, Names, WebDatasetSummary
     from ._models import Manifest
     from ._options import StreamOptions
     from ._resolver import Resolver
@@ -171,7 +172,8 @@ def ls(
     expand: shard-{000..009}.tar), s3://BUCKET/PREFIX-OR-GLOB, or a local path or
     glob. A LeRobot dataset (it has meta/info.json) shows its episodes, frames, fps and
     cameras; WebDataset shards show their count, size and the extensions of their first
-    samples.
+    samples. Each file a brace pattern or URL names is checked: those not there are
+    listed as missing, and ls exits with code 1.
     """
     from ._demo import human_bytes, render_table
 
@@ -188,12 +190,15 @@ def ls(
     if meta is not None:
         _echo_lerobot(meta)
         return
-    assert first is not None
+    if first is None:  # none of the files the pattern names is there
+        report_absent(source, listing.names)
+        return
     if first.format:
         click.echo(f"format: {first.format}")
     click.echo()
     if shards is not None:
         _echo_webdataset(shards, default=first.config if config is None else None)
+        report_absent(source, listing.names)
         return
     rows = []
     for m in manifests:
@@ -211,6 +216,7 @@ def ls(
             for f in m.files
         ]
         click.echo(render_table(["split", "size", "path"], listing_rows, right=(1,)))
+    report_absent(source, listing.names)
 
 
 def _config_label(m: Manifest, first: Manifest, config: str | None) -> str:
@@ -307,6 +313,7 @@ class _Listing:
     manifests: list[Manifest]
     lerobot: LeRobotSummary | None = None
     webdataset: WebDatasetSummary | None = None
+    names: Names | None = None  # the files a brace pattern or URL names, checked
 
 
 async def _ls(
@@ -328,18 +335,23 @@ async def _ls(
         if folder is not None:
             meta = await _describe.load_lerobot(str(folder), readers, options=options)
             return _Listing([], lerobot=_describe.LeRobotSummary.from_metadata(meta))
-        manifests = await _resolve_all(source, config, split, readers.resolver)
+        names = await _describe.check_names(source, readers)  # which files are there
+        if names is not None and not names.present:
+            return _Listing([], names=names)
+        there = source if names is None else list(names.present)
+        manifests = await _resolve_all(there, config, split, readers.resolver)
+        manifests = [m if names is None else names.sized(m) for m in manifests]
         found = await _describe.find_lerobot(source, manifests[0], readers, options=options)
         if found is not None:
             return _Listing(manifests, lerobot=_describe.LeRobotSummary.from_metadata(found))
         if manifests[0].format == "webdataset":
             shards = await _describe.webdataset_summary(manifests, readers, options=options)
-            return _Listing(manifests, webdataset=shards)
-        return _Listing(manifests)
+            return _Listing(manifests, webdataset=shards, names=names)
+        return _Listing(manifests, names=names)
 
 
 async def _resolve_all(
-    source: str, config: str | None, split: str | None, resolver: Resolver
+    source: str | list[str], config: str | None, split: str | None, resolver: Resolver
 ) -> list[Manifest]:
     """The manifest of the selected (or default) config, then those of the other configs.
 

@@ -26,6 +26,7 @@ from typing import Any
 
 import av
 import click
+import contact_sheets
 import httpx2
 import numpy as np
 import pytest
@@ -867,8 +868,23 @@ def test_demo_quick(tmp_path: Path) -> None:
     assert "`aiostream-hf ls hf://datasets/demo/text`" in after
     (robot,) = [line for line in lines if line.startswith("- LeRobot v3.0: ")]
     assert robot.endswith(
-        "the contact sheet shows the 16 frames of 8 of them, each item's side by side"
+        "the contact sheet shows the 16 frames of 8 of them, each item's side by side, "
+        "captioned with its index, episode and the frame's time"
     )
+    # The sheet holds as many frames as the line says, each captioned, each item's two
+    # frames side by side, 0.1 s apart (delta_timestamps -0.1 and 0).
+    said = re.search(r"shows the (\d+) frames of (\d+) of them", robot)
+    assert said is not None
+    captions = [tile.caption for tile in contact_sheets.tiles(sheet)]
+    assert len(captions) == int(said.group(1)) == 16
+    read = [re.fullmatch(r"item (\d+) ep (\d+) t=(-?\d+\.\d\d) s( pad)?", c) for c in captions]
+    assert all(read), captions
+    items = [(m.group(1), m.group(2), float(m.group(3))) for m in read if m is not None]
+    assert len({item for item, _, _ in items}) == int(said.group(2)) == 8
+    for before, now in zip(items[::2], items[1::2], strict=True):
+        assert before[:2] == now[:2]
+        assert now[2] - before[2] == pytest.approx(0.1)
+    assert captions[0] == "item 0 ep 0 t=-0.10 s pad"  # before the first frame: padding
 
 
 def test_version() -> None:

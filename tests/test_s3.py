@@ -22,6 +22,7 @@ import pytest
 
 import aiostream_hf as ash
 from aiostream_hf import lerobot, video
+from aiostream_hf._demo import human_bytes
 from aiostream_hf._fetcher import RangeFetcher
 from aiostream_hf.stores import s3 as _s3
 from aiostream_hf.testing import (
@@ -606,3 +607,28 @@ def test_the_cli_lists_and_heads_s3_sources(store: Any) -> None:
     assert refused.output.startswith("Error: s3://data/parquet/part-0.parquet: access denied")
     assert "the bucket is not public" in refused.output
     assert len(refused.output.splitlines()) == 1
+
+
+def test_the_cli_ls_names_the_keys_a_brace_pattern_misses(store: Any, local: Path) -> None:
+    """Two of five shards are not in the bucket: ls lists the three there (their sizes,
+    from the listing), a line for each missing one, and exits with 1. When every shard
+    is there, checking them costs nothing: one listing, as reading them."""
+    from click.testing import CliRunner
+
+    from aiostream_hf.cli import main
+
+    there = CliRunner().invoke(main, ["ls", SHARDS])
+    assert there.exit_code == 0, there.output
+    assert "not there" not in there.stdout
+    assert store.server.stats()["list"] == 1
+    listed = CliRunner().invoke(main, ["ls", "s3://data/shards/train-{000000..000004}.tar"])
+    assert listed.exit_code == 1, listed.output
+    size = human_bytes(sum(p.stat().st_size for p in (local / "shards").glob("*.tar")))
+    (row,) = [r.split() for r in listed.stdout.splitlines() if r.startswith("default ")]
+    assert row[:3] == ["default", "train", "3"]
+    assert row[3:-2] == size.split()
+    assert listed.stdout.splitlines()[-2:] == [
+        f"missing (not in the bucket)  s3://data/shards/train-00000{i}.tar" for i in (3, 4)
+    ]
+    assert listed.stderr.startswith("Error: 2 of the 5 files that ")
+    assert "missing (not in the bucket): train-000003.tar, train-000004.tar" in listed.stderr
