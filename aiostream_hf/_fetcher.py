@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import hashlib
 import logging
 from collections.abc import Mapping, Sequence
@@ -48,6 +49,7 @@ import pyarrow as pa
 
 from . import stores
 from ._access import Access, auth_headers, check_token, default_endpoint, normalize_endpoint, origin
+from ._byte_cache import ByteCache
 from ._client import HubClient, Pending, RequestSigner, Route, use_client
 from ._exceptions import (
     AiostreamError,
@@ -99,6 +101,8 @@ class FetcherStatistics:
     stalls: bodies dropped (and resumed) for arriving slower than ``min_throughput``.
     unvalidated_files: files served with no ETag and no Last-Modified: a change to one
         of them while it is read cannot be detected.
+    byte_cache: the byte cache's statistics (``ByteCacheStatistics``: blocks hit,
+        fetched, waited for, damaged, evicted), empty when it is off.
     """
 
     requests: Mapping[str, int]
@@ -111,6 +115,7 @@ class FetcherStatistics:
     max_in_flight: int
     stalls: int = 0
     unvalidated_files: int = 0
+    byte_cache: Mapping[str, int] = dataclasses.field(default_factory=dict)
 
     @property
     def total_requests(self) -> int:
@@ -225,6 +230,12 @@ class RangeFetcher:
         # The store contexts (where a bucket store is, who we are there: the signer of
         # its requests), by scheme, made at the first read of one of its objects.
         self._store_contexts: dict[str, RequestSigner] = {}
+        o = self.options
+        self._byte_cache = (
+            ByteCache(o.resolved_byte_cache_dir(), o.byte_cache_bytes, lock_timeout=o.timeout)
+            if o.byte_cache_bytes
+            else None
+        )
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -337,12 +348,34 @@ class RangeFetcher:
             with stage_network():
                 return list(await self._read_local(file, path, spans))
         max_size = self.options.max_range_size if part_size is None else part_size
+        if self._caches(file):
+            kept = await self._cached_read(file, spans, max_size)
+            return [memoryview(b).toreadonly() for b in kept] if in_place else list(kept)
         parts = coalesce_ranges(spans, gap=self.options.coalesce_gap, max_size=max_size)
         with stage_network():
             data = await self._fetch_parts(file, parts, in_place=in_place)
         if in_place:  # views: cut without a copy, read-only for the decoder
             return _assemble(spans, parts, [memoryview(b).toreadonly() for b in data])
         return _assemble(spans, parts, data)
+
+    def _caches(self, file: FileRef) -> bool:
+        """Whether ``file``'s bytes go through the byte cache (``ByteCache.holds``)."""
+        return self._byte_cache is not None and self._byte_cache.holds(file)
+
+    async def _cached_read(
+        self, file: FileRef, spans: Sequence[tuple[int, int]], max_size: int
+    ) -> list[bytes]:
+        """``spans`` of ``file`` through the byte cache: its blocks on disk, the others
+        fetched (whole blocks) and kept."""
+        assert self._byte_cache is not None
+        with stage_network():
+            return await self._byte_cache.read(
+                file,
+                self._route_scope,
+                spans,
+                functools.partial(self._fetch_parts, file),
+                max_request=max_size,
+            )
 
     async def read_tail(
         self, file: FileRef, n: int, *, part_size: int | None = None
@@ -415,6 +448,8 @@ class RangeFetcher:
         source: _Chunks
         if path is not None:
             source = _LocalTransfer(self, file, path, start, end, block)
+        elif end is not None and self._caches(file):
+            source = _CachedChunks(self, file, start, end, block)
         else:
             source = _Transfer(self, file, start=start, end=end, kind="stream", chunk_size=block)
         return ByteStream(source)
@@ -431,6 +466,11 @@ class RangeFetcher:
             max_in_flight=self._max_in_flight,
             stalls=self._stalls,
             unvalidated_files=self._unvalidated,
+            byte_cache=(
+                dataclasses.asdict(self._byte_cache.statistics())
+                if self._byte_cache is not None
+                else {}
+            ),
         )
 
     # -- range reads -----------------------------------------------------------------------
@@ -652,6 +692,31 @@ class _Chunks(Protocol):
     async def next_chunk(self) -> bytes | None: ...
 
     async def aclose(self) -> None: ...
+
+
+class _CachedChunks:
+    """A file's blocks from ``start`` to ``end``, one ``block_size`` at a time, through
+    the byte cache (``RangeFetcher._cached_read``)."""
+
+    def __init__(self, fetcher: RangeFetcher, file: FileRef, start: int, end: int, block: int):
+        self._fetcher = fetcher
+        self._file = file
+        self._pos = start
+        self._end = end
+        self._block = block
+
+    async def next_chunk(self) -> bytes | None:
+        if self._pos >= self._end:
+            return None
+        end = min(self._end, self._pos + self._block)
+        (data,) = await self._fetcher._cached_read(
+            self._file, [(self._pos, end)], self._fetcher.options.max_range_size
+        )
+        self._pos = end
+        return data
+
+    async def aclose(self) -> None:
+        self._pos = self._end
 
 
 class ByteStream:

@@ -27,6 +27,7 @@ _COUNTS = {
     "coalesce_gap": 0,
     "max_retries": 0,
     "rate_limit_reserve": 0,
+    "byte_cache_bytes": 0,
 }
 #: The options in seconds (or bytes per second): "> 0" or ">= 0", and finite.
 _SECONDS = {
@@ -70,6 +71,12 @@ class StreamOptions:
         user cache dir (~/.cache/aiostream-hf).
     pin_ttl: seconds a resolution of something that can change is shared between the
         processes of a machine (and reused in one): a branch's commit, an S3 listing.
+    byte_cache_bytes: keep the bytes read on disk, up to this many, for every process
+        of the machine and the next epoch (0: off). Files whose version is known before
+        they are read (Hub files, S3 objects) are kept in 1 MiB blocks, each fetched once
+        per machine, the least recently used evicted; see ``_byte_cache``.
+    byte_cache_dir: where those blocks live; default ``{cache_dir}/bytes``. A local
+        disk: the cache is read at its speed.
     verify_checksums: verify the CRC of every Parquet page that carries one (files
         written with ``write_page_checksum=True``): a page whose bytes changed raises
         ``DecodeError`` naming the file and row group instead of giving wrong rows.
@@ -111,6 +118,8 @@ class StreamOptions:
     rate_limit_reserve: int = 0
     cache_dir: Path | None = None
     pin_ttl: float = 10.0
+    byte_cache_bytes: int = 0
+    byte_cache_dir: Path | None = None
     verify_checksums: bool = True
     max_whole_video_bytes: int = 1024 * _MiB
     s3_endpoint_url: str | None = None
@@ -144,11 +153,13 @@ class StreamOptions:
                     f"StreamOptions.{name}={getattr(self, name)!r}: give a string, or None "
                     "for the AWS default"
                 )
-        if self.cache_dir is not None and not isinstance(self.cache_dir, (str, os.PathLike)):
-            raise SourceError(
-                f"StreamOptions.cache_dir={self.cache_dir!r}: give a folder path (a str or "
-                "pathlib.Path), or None for the default"
-            )
+        for name in ("cache_dir", "byte_cache_dir"):
+            folder = getattr(self, name)
+            if folder is not None and not isinstance(folder, (str, os.PathLike)):
+                raise SourceError(
+                    f"StreamOptions.{name}={folder!r}: give a folder path (a str or "
+                    "pathlib.Path), or None for the default"
+                )
         if self.s3_addressing not in _S3_ADDRESSING:
             raise SourceError(
                 f"StreamOptions.s3_addressing={self.s3_addressing!r}: use one of "
@@ -175,6 +186,12 @@ class StreamOptions:
     def pacing(self) -> Pacing:
         """How these options spend rate-limit quotas: counts shared in the cache folder."""
         return Pacing(self.resolved_cache_dir(), self.rate_limit_reserve)
+
+    def resolved_byte_cache_dir(self) -> Path:
+        """byte_cache_dir, else ``bytes/`` in the resolved cache_dir."""
+        if self.byte_cache_dir is not None:
+            return Path(self.byte_cache_dir)
+        return self.resolved_cache_dir() / "bytes"
 
     def resolved_cache_dir(self) -> Path:
         """cache_dir, else $AIOSTREAM_HF_CACHE, else the user cache dir."""

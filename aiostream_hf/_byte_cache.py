@@ -1,0 +1,401 @@
+"""ByteCache: the bytes of files, kept on disk in blocks, shared by the processes of a
+machine (a DataLoader's workers, the ranks of a job, the next epoch).
+
+    cache = ByteCache(folder, limit=50 << 30)
+    parts = await cache.read(file, scope, [(0, 100), (5000, 9000)], fetch)
+
+Opt-in: ``StreamOptions(byte_cache_bytes=...)`` (the folder: ``byte_cache_dir``, else
+``{cache_dir}/bytes``). A file is cached when its version is known before it is read
+(its size and its ETag: a Hub file's sha256 or git oid, an S3 object's ETag), so a
+block is keyed by what it holds: the file's path, size and ETag, the block's index,
+and whose credentials read it (``scope``: a hash of the token; blocks read with one
+token are never served to a reader with another, or with none).
+
+Each block (``BLOCK`` bytes, the last one shorter) is one file
+``blocks/KK/KEY.blk``: a header (magic, length, CRC-32 of the payload) and the
+payload. Written to a temporary name (0600, in folders 0700) and renamed into place,
+so a process killed mid-write leaves nothing visible but a temporary file, removed by
+the next eviction pass; a block whose header or CRC does not match (a corrupted disk,
+a truncated copy) is deleted and fetched again. A write that fails (the disk full)
+is logged once and the bytes are served all the same.
+
+Each block is fetched once per machine: a process about to fetch a run of missing
+blocks takes their file locks (``locks/KK/KEY.lock``, in ascending order, so that
+two processes never wait on each other), looks again, and fetches only what is still
+missing; another process waiting on those locks then finds the blocks on disk. A lock
+not had within the options' ``timeout`` is given up: the bytes are fetched without
+the cache. Tasks of one process wanting the same block wait for the one fetching it.
+
+The blocks held are kept under ``limit`` bytes: a process that wrote more than a
+sixteenth of the limit since its last look counts the folder, and evicts the blocks
+least recently used (their modification time is set at each hit) down to seven
+eighths of the limit, one process at a time (``evict.lock``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import hashlib
+import logging
+import os
+import secrets
+import struct
+import time
+import zlib
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import anyio
+import anyio.to_thread
+import filelock
+
+from ._models import FileRef
+
+__all__ = ["BLOCK", "ByteCache", "ByteCacheStatistics"]
+
+logger = logging.getLogger("aiostream_hf")
+
+BLOCK = 1024 * 1024
+_MAGIC = b"ASHBLK1\0"
+_HEADER = struct.Struct("<8sQI4x")  # magic, payload length, CRC-32 of the payload
+_FOLDER_MODE = 0o700
+_FILE_MODE = 0o600
+_TMP_SUFFIX = ".tmp"
+_STALE_TMP_S = 600.0  # a temporary file this old is a killed writer's
+
+Fetch = Callable[[list[tuple[int, int]]], Awaitable[Sequence[Any]]]
+
+
+@dataclass(frozen=True)
+class ByteCacheStatistics:
+    """What a process's byte cache did.
+
+    hits / misses: blocks read from disk / fetched (by this process).
+    bytes_read / bytes_written: payload bytes read from disk / written to it.
+    waited: blocks this process found on disk after waiting for another process (or
+        task) that was fetching them.
+    corrupt: blocks found damaged on disk (deleted, fetched again).
+    write_failures: blocks that could not be written (the disk full, a permission).
+    evicted / evicted_bytes: blocks (and bytes) this process evicted.
+    lock_timeouts: runs of blocks fetched without the cache, their locks not had in time.
+    """
+
+    hits: int = 0
+    misses: int = 0
+    bytes_read: int = 0
+    bytes_written: int = 0
+    waited: int = 0
+    corrupt: int = 0
+    write_failures: int = 0
+    evicted: int = 0
+    evicted_bytes: int = 0
+    lock_timeouts: int = 0
+
+
+class ByteCache:
+    """See the module's docstring."""
+
+    def __init__(
+        self, folder: Path, limit: int, *, block: int = BLOCK, lock_timeout: float = 60.0
+    ) -> None:
+        if limit < 1 or block < 1:
+            raise ValueError(f"ByteCache(limit={limit}, block={block}): both must be >= 1")
+        self.folder = Path(folder)
+        self.limit = limit
+        self.block = block
+        self._lock_timeout = lock_timeout
+        self._counts: dict[str, int] = dict.fromkeys(ByteCacheStatistics.__dataclass_fields__, 0)
+        self._written_since_look = 0
+        self._prepared = False
+        self._warned_write = False
+        # blocks being fetched by a task of this process: others wait on its event
+        self._fetching: dict[str, anyio.Event] = {}
+
+    def statistics(self) -> ByteCacheStatistics:
+        return ByteCacheStatistics(**self._counts)
+
+    @staticmethod
+    def holds(file: FileRef) -> bool:
+        """Whether ``file`` is cached: its size and version (ETag) known before a read."""
+        return file.size is not None and bool(file.etag)
+
+    # -- reads ----------------------------------------------------------------------------
+
+    async def read(
+        self,
+        file: FileRef,
+        scope: str,
+        spans: Sequence[tuple[int, int]],
+        fetch: Fetch,
+        *,
+        max_request: int,
+    ) -> list[bytes]:
+        """The bytes of each (start, end exclusive) span of ``file``: from the blocks on
+        disk, the missing ones fetched (``fetch(ranges)``: one buffer per range, ranges
+        of whole blocks, each at most ``max_request`` bytes) and kept."""
+        assert file.size is not None
+        if not self._prepared:
+            await anyio.to_thread.run_sync(self._prepare)
+        wanted = sorted({i for s, e in spans if e > s for i in self._blocks_of(s, e)})
+        blocks = await self._blocks(file, scope, wanted, fetch, max_request)
+        out = []
+        for s, e in spans:
+            if e <= s:
+                out.append(b"")
+                continue
+            first, last = s // self.block, (e - 1) // self.block
+            if first == last:
+                at = first * self.block
+                out.append(bytes(blocks[first][s - at : e - at]))
+                continue
+            pieces = []
+            for i in range(first, last + 1):
+                at = i * self.block
+                pieces.append(blocks[i][max(s, at) - at : min(e, at + self.block) - at])
+            out.append(b"".join(pieces))
+        return out
+
+    def _blocks_of(self, start: int, end: int) -> range:
+        return range(start // self.block, (end - 1) // self.block + 1)
+
+    def _span(self, file: FileRef, i: int) -> tuple[int, int]:
+        assert file.size is not None
+        return i * self.block, min(file.size, (i + 1) * self.block)
+
+    def _key(self, file: FileRef, scope: str, i: int) -> str:
+        ident = f"{scope}\0{file.path}\0{file.size}\0{file.etag}\0{self.block}\0{i}"
+        return hashlib.sha256(ident.encode()).hexdigest()
+
+    def _path(self, key: str, kind: str = "blocks", suffix: str = ".blk") -> Path:
+        return self.folder / kind / key[:2] / f"{key}{suffix}"
+
+    async def _blocks(
+        self, file: FileRef, scope: str, wanted: list[int], fetch: Fetch, max_request: int
+    ) -> dict[int, bytes]:
+        keys = {i: self._key(file, scope, i) for i in wanted}
+        got: dict[int, bytes] = {}
+        while True:
+            # Blocks another task of this process is fetching: wait for it, then read.
+            for i in wanted:
+                event = self._fetching.get(keys[i])
+                if event is not None and i not in got:
+                    await event.wait()
+                    self._counts["waited"] += 1
+            todo = [(i, keys[i]) for i in wanted if i not in got]
+            got.update(await anyio.to_thread.run_sync(self._load_many, file, todo))
+            missing = [i for i in wanted if i not in got]
+            if not missing:
+                return got
+            if any(keys[i] in self._fetching for i in missing):
+                continue  # another task began fetching some meanwhile: wait for it
+            # No await between the look above and this: the task fetching a block is one.
+            events = {keys[i]: anyio.Event() for i in missing}
+            self._fetching.update(events)
+            try:
+                got.update(await self._fetch_missing(file, keys, missing, fetch, max_request))
+            finally:
+                for key, event in events.items():
+                    del self._fetching[key]
+                    event.set()
+            return got
+
+    async def _fetch_missing(
+        self,
+        file: FileRef,
+        keys: dict[int, str],
+        missing: list[int],
+        fetch: Fetch,
+        max_request: int,
+    ) -> dict[int, bytes]:
+        """Fetch the ``missing`` blocks under their locks (what another process wrote
+        meanwhile is read instead), and keep them."""
+        locks = [filelock.FileLock(self._path(keys[i], "locks", ".lock")) for i in missing]
+        held = await anyio.to_thread.run_sync(self._lock_all, locks)
+        try:
+            if held:
+                found = await anyio.to_thread.run_sync(
+                    self._load_many, file, [(i, keys[i]) for i in missing]
+                )
+                self._counts["waited"] += len(found)
+            else:
+                self._counts["lock_timeouts"] += 1
+                found = {}
+            todo = [i for i in missing if i not in found]
+            fetched: dict[int, bytes] = {}
+            if todo:
+                ranges = self._runs(file, todo, max_request)
+                buffers = await fetch(ranges)
+                for (s, e), buf in zip(ranges, buffers, strict=True):
+                    data = bytes(buf)
+                    for i in self._blocks_of(s, e):
+                        bs, be = self._span(file, i)
+                        fetched[i] = data[bs - s : be - s]
+                self._counts["misses"] += len(fetched)
+                if held:
+                    await anyio.to_thread.run_sync(
+                        self._store_many, [(keys[i], fetched[i]) for i in todo]
+                    )
+            return {**found, **fetched}
+        finally:
+            if held:
+                with anyio.CancelScope(shield=True):
+                    await anyio.to_thread.run_sync(self._unlock_all, locks)
+
+    def _runs(self, file: FileRef, blocks: list[int], max_request: int) -> list[tuple[int, int]]:
+        """Ranges covering ``blocks`` (sorted): adjacent blocks joined, at most
+        ``max_request`` bytes (at least one block) each."""
+        runs: list[tuple[int, int]] = []
+        for i in blocks:
+            s, e = self._span(file, i)
+            if runs and runs[-1][1] == s and e - runs[-1][0] <= max(max_request, self.block):
+                runs[-1] = (runs[-1][0], e)
+            else:
+                runs.append((s, e))
+        return runs
+
+    # -- on disk (worker threads) ---------------------------------------------------------
+
+    def _prepare(self) -> None:
+        for kind in ("blocks", "locks"):
+            (self.folder / kind).mkdir(mode=_FOLDER_MODE, parents=True, exist_ok=True)
+        with contextlib.suppress(OSError):
+            os.chmod(self.folder, _FOLDER_MODE)
+        self._prepared = True
+
+    def _lock_all(self, locks: list[filelock.FileLock]) -> bool:
+        """Take every lock, in order, within the timeout; False (none held) if not."""
+        deadline = time.monotonic() + self._lock_timeout
+        taken: list[filelock.FileLock] = []
+        try:
+            for lock in locks:
+                Path(lock.lock_file).parent.mkdir(mode=_FOLDER_MODE, exist_ok=True)
+                lock.acquire(timeout=max(0.0, deadline - time.monotonic()))
+                taken.append(lock)
+        except filelock.Timeout:
+            self._unlock_all(taken)
+            return False
+        return True
+
+    @staticmethod
+    def _unlock_all(locks: list[filelock.FileLock]) -> None:
+        for lock in reversed(locks):
+            if lock.is_locked:
+                lock.release()
+
+    def _load_many(self, file: FileRef, blocks: list[tuple[int, str]]) -> dict[int, bytes]:
+        found = {}
+        for i, key in blocks:
+            s, e = self._span(file, i)
+            data = self._load(self._path(key), e - s)
+            if data is not None:
+                found[i] = data
+        return found
+
+    def _load(self, path: Path, length: int) -> bytes | None:
+        try:
+            with open(path, "rb") as f:
+                raw = f.read(_HEADER.size + length + 1)
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            logger.warning("aiostream-hf: cannot read the cached block %s (%s)", path, exc)
+            return None
+        ok = len(raw) == _HEADER.size + length
+        if ok:
+            magic, size, crc = _HEADER.unpack_from(raw)
+            payload = raw[_HEADER.size :]
+            ok = magic == _MAGIC and size == length and zlib.crc32(payload) == crc
+        if not ok:
+            self._counts["corrupt"] += 1
+            logger.warning("aiostream-hf: the cached block %s is damaged: fetched again", path)
+            with contextlib.suppress(OSError):
+                path.unlink()
+            return None
+        with contextlib.suppress(OSError):
+            os.utime(path)  # recently used: evicted last
+        self._counts["hits"] += 1
+        self._counts["bytes_read"] += length
+        return payload
+
+    def _store_many(self, blocks: list[tuple[str, bytes]]) -> None:
+        for key, data in blocks:
+            if self._store(self._path(key), data):
+                self._counts["bytes_written"] += len(data)
+                self._written_since_look += len(data) + _HEADER.size
+        if self._written_since_look > self.limit // 16:
+            self._written_since_look = 0
+            self.evict()
+
+    def _store(self, path: Path, data: bytes) -> bool:
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}{_TMP_SUFFIX}")
+        try:
+            path.parent.mkdir(mode=_FOLDER_MODE, exist_ok=True)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, _FILE_MODE)
+            try:
+                with os.fdopen(fd, "wb") as f:
+                    self._write(f, _HEADER.pack(_MAGIC, len(data), zlib.crc32(data)) + data)
+                os.replace(tmp, path)
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    tmp.unlink()
+                raise
+        except OSError as exc:
+            self._counts["write_failures"] += 1
+            if not self._warned_write:
+                self._warned_write = True
+                why = "the disk is full" if exc.errno == errno.ENOSPC else str(exc)
+                logger.warning(
+                    "aiostream-hf: cannot write to the byte cache %s (%s): reading on "
+                    "without keeping the bytes",
+                    self.folder,
+                    why,
+                )
+            return False
+        return True
+
+    @staticmethod
+    def _write(f: Any, data: bytes) -> None:
+        """Write a block's header and payload to its temporary file (a seam for tests:
+        a full disk, a writer killed half-way)."""
+        f.write(data)
+
+    def evict(self) -> None:
+        """Keep the blocks under the limit: the least recently used go first, down to
+        seven eighths of it. One process at a time; a pass another runs is enough."""
+        lock = filelock.FileLock(self.folder / "evict.lock")
+        try:
+            lock.acquire(timeout=0)
+        except filelock.Timeout:
+            return
+        try:
+            blocks: list[tuple[float, int, Path]] = []
+            total = 0
+            now = time.time()
+            for sub in (self.folder / "blocks").iterdir():
+                with contextlib.suppress(OSError):
+                    for entry in os.scandir(sub):
+                        st = entry.stat(follow_symlinks=False)
+                        if entry.name.endswith(_TMP_SUFFIX):
+                            if now - st.st_mtime > _STALE_TMP_S:
+                                with contextlib.suppress(OSError):
+                                    os.unlink(entry.path)
+                            continue
+                        blocks.append((st.st_mtime, st.st_size, Path(entry.path)))
+                        total += st.st_size
+            if total <= self.limit:
+                return
+            blocks.sort()
+            goal = self.limit * 7 // 8
+            for _, size, path in blocks:
+                if total <= goal:
+                    break
+                with contextlib.suppress(FileNotFoundError):
+                    path.unlink()
+                    total -= size
+                    self._counts["evicted"] += 1
+                    self._counts["evicted_bytes"] += size - _HEADER.size
+        finally:
+            lock.release()

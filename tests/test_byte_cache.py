@@ -1,0 +1,276 @@
+"""The machine-wide byte cache (``_byte_cache``, ``StreamOptions(byte_cache_bytes=)``).
+
+Epochs through it against the local Hub server, whose byte counts say what was fetched;
+eviction, a damaged block, a full disk and a writer killed mid-write; and eight
+processes reading the same files at once, each block fetched once."""
+
+from __future__ import annotations
+
+import errno
+import json
+import logging
+import os
+import random
+import signal
+import stat
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import aiostream_hf as ash
+from aiostream_hf._byte_cache import ByteCache
+from aiostream_hf._models import FileRef
+from aiostream_hf.testing import (
+    HubServer,
+    make_repo,
+    make_text_parquet,
+    make_webdataset_shards,
+)
+
+pytestmark = pytest.mark.anyio
+
+HERE = Path(__file__).parent
+TOKEN = "hf_cachetesttoken"
+BLOCK = 1024 * 1024
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("hub")
+    text = make_repo(root, "org/text", {})
+    for i in range(2):
+        make_text_parquet(
+            text / "data" / f"train-{i}.parquet", rows=800, row_group_size=100, seed=i
+        )
+    make_webdataset_shards(make_repo(root, "org/shards", {}), shards=2, samples_per_shard=30)
+    private = make_repo(root, "org/private", {})
+    make_text_parquet(private / "data" / "train.parquet", rows=200, row_group_size=100)
+    return root
+
+
+@pytest.fixture(scope="module")
+def hub(root: Path) -> Iterator[HubServer]:
+    # every file through the CDN: its bytes are counted there
+    with HubServer(root, lfs_threshold=0, private={"org/private": [TOKEN]}) as server:
+        yield server
+
+
+def _files_size(root: Path, repo: str) -> int:
+    folder = root / "datasets" / repo
+    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
+
+
+def _options(tmp_path: Path, **kw: Any) -> ash.StreamOptions:
+    return ash.StreamOptions(cache_dir=tmp_path / "cache", byte_cache_bytes=1 << 30, **kw)
+
+
+async def _rows(source: str, hub: HubServer, options: ash.StreamOptions, **kw: Any) -> Any:
+    async with ash.stream(source, endpoint=hub.endpoint, options=options, **kw) as s:
+        rows = [row async for row in s]
+    return rows, s.statistics()
+
+
+def _served(hub: HubServer) -> tuple[int, int]:
+    stats = hub.stats()
+    return stats.by_bucket.get("cdn", 0), stats.bytes_served
+
+
+@pytest.mark.parametrize(("repo", "kw"), [("org/text", {}), ("org/shards", {"split": "train"})])
+async def test_the_second_epoch_fetches_nothing(
+    hub: HubServer, root: Path, tmp_path: Path, repo: str, kw: dict[str, Any]
+) -> None:
+    options = _options(tmp_path)
+    plain, _ = await _rows(f"hf://datasets/{repo}", hub, ash.StreamOptions(cache_dir=tmp_path))
+    cdn, served = _served(hub)
+    first, stats = await _rows(f"hf://datasets/{repo}", hub, options, **kw)
+    cdn_1, served_1 = _served(hub)
+    second, stats_2 = await _rows(f"hf://datasets/{repo}", hub, options, **kw)
+    cdn_2, served_2 = _served(hub)
+    assert first == second == plain
+    # each byte at most once (the rest: the API's answers, as the cache folder is new)
+    assert served_1 - served <= _files_size(root, repo) + 16_384
+    assert stats.fetcher["byte_cache"]["misses"] > 0
+    assert (cdn_2 - cdn_1, served_2 - served_1) == (0, 0)  # the second epoch: nothing
+    assert stats_2.fetcher["byte_cache"]["misses"] == 0
+    assert stats_2.fetcher["bytes_received"] == 0
+    assert stats_2.requests["cdn"] == 0
+
+
+async def test_blocks_are_kept_per_token_and_private_to_the_user(
+    hub: HubServer, tmp_path: Path
+) -> None:
+    options = _options(tmp_path)
+    source = "hf://datasets/org/private"
+    rows, _ = await _rows(source, hub, options, token=TOKEN)
+    cdn, _ = _served(hub)
+    with pytest.raises(ash.RepoNotFoundError):  # without the token: not even listed
+        await _rows(source, hub, options)
+    again, stats = await _rows(source, hub, options, token=TOKEN)
+    assert again == rows
+    assert _served(hub)[0] == cdn
+    folder = options.resolved_byte_cache_dir()
+    blocks = list((folder / "blocks").rglob("*.blk"))
+    assert blocks
+    assert all(stat.S_IMODE(p.stat().st_mode) == 0o600 for p in blocks)
+    assert stat.S_IMODE(folder.stat().st_mode) == 0o700
+    # the same file's blocks under another token are other blocks: nothing is shared
+    cache = ByteCache(folder, 1 << 30)
+    file = FileRef("u", "data/train.parquet", size=10, etag="e")
+    assert cache._key(file, "scope-a", 0) != cache._key(file, "scope-b", 0)
+
+
+async def test_eviction_keeps_the_cache_under_its_limit(
+    hub: HubServer, root: Path, tmp_path: Path
+) -> None:
+    limit = 2 * BLOCK
+    options = ash.StreamOptions(cache_dir=tmp_path / "cache", byte_cache_bytes=limit)
+    assert _files_size(root, "org/text") > 2 * limit
+    rows, stats = await _rows("hf://datasets/org/text", hub, options)
+    again, _ = await _rows("hf://datasets/org/text", hub, options)
+    assert rows == again
+    cache = stats.fetcher["byte_cache"]
+    assert cache["evicted"] > 0
+    held = sum(p.stat().st_size for p in options.resolved_byte_cache_dir().rglob("*.blk"))
+    assert held <= limit
+
+
+async def test_a_damaged_block_is_fetched_again(hub: HubServer, tmp_path: Path) -> None:
+    options = _options(tmp_path)
+    rows, _ = await _rows("hf://datasets/org/text", hub, options)
+    blocks = sorted(options.resolved_byte_cache_dir().rglob("*.blk"))
+    damaged = blocks[len(blocks) // 2]
+    data = bytearray(damaged.read_bytes())
+    data[-10] ^= 0xFF
+    damaged.write_bytes(bytes(data))
+    truncated = blocks[0]
+    truncated.write_bytes(truncated.read_bytes()[:100])
+    cdn, _ = _served(hub)
+    again, stats = await _rows("hf://datasets/org/text", hub, options)
+    assert again == rows
+    cache = stats.fetcher["byte_cache"]
+    assert (cache["corrupt"], cache["misses"]) == (2, 2)
+    assert _served(hub)[0] > cdn
+
+
+async def test_a_full_disk_reads_on_without_keeping(
+    hub: HubServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: Any
+) -> None:
+    def full(f: Any, data: bytes) -> None:
+        f.write(data[: len(data) // 2])
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(ByteCache, "_write", staticmethod(full))
+    options = _options(tmp_path)
+    plain, _ = await _rows("hf://datasets/org/text", hub, ash.StreamOptions(cache_dir=tmp_path))
+    with caplog.at_level(logging.WARNING, logger="aiostream_hf"):
+        rows, stats = await _rows("hf://datasets/org/text", hub, options)
+    assert rows == plain
+    assert stats.fetcher["byte_cache"]["write_failures"] > 0
+    warned = [r for r in caplog.records if "byte cache" in r.getMessage()]
+    assert len(warned) == 1
+    assert "the disk is full" in warned[0].getMessage()
+    assert not list(options.resolved_byte_cache_dir().rglob("*.blk"))
+    assert not list(options.resolved_byte_cache_dir().rglob("*.tmp"))  # nothing left
+
+
+def test_a_writer_killed_mid_write_leaves_nothing_wrong(hub: HubServer, tmp_path: Path) -> None:
+    cache_dir = tmp_path / "cache"
+    proc = subprocess.Popen(
+        [sys.executable, str(HERE / "byte_cache_script.py"), "stall", hub.endpoint, str(cache_dir)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().strip() == "writing"  # half a block is on disk
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        proc.kill()
+        if proc.stdout is not None:
+            proc.stdout.close()
+    folder = cache_dir / "bytes"
+    (tmp,) = list(folder.rglob("*.tmp"))
+    assert not list(folder.rglob("*.blk"))  # the block it was writing is not visible
+    options = ash.StreamOptions(cache_dir=cache_dir, byte_cache_bytes=1 << 30)
+    plain = ash.StreamOptions(cache_dir=tmp_path / "plain")
+    result = subprocess.run(
+        [sys.executable, str(HERE / "byte_cache_script.py"), "read", hub.endpoint, str(cache_dir)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    read = json.loads(result.stdout)
+    import anyio
+
+    expected, _ = anyio.run(_rows, "hf://datasets/org/text", hub, plain)
+    assert read["ids"] == [row["id"] for row in expected]
+    assert read["corrupt"] == 0
+    # the killed writer's temporary file goes at the next eviction pass once stale
+    old = time.time() - 3600
+    os.utime(tmp, (old, old))
+    ByteCache(folder, options.byte_cache_bytes).evict()
+    assert not tmp.exists()
+
+
+def test_eight_processes_fetch_each_block_once(hub: HubServer, root: Path, tmp_path: Path) -> None:
+    cache_dir = tmp_path / "cache"
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                str(HERE / "byte_cache_script.py"),
+                "read",
+                hub.endpoint,
+                str(cache_dir),
+            ],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(8)
+    ]
+    outs = []
+    for proc in procs:
+        out, _ = proc.communicate(timeout=300)
+        assert proc.returncode == 0
+        outs.append(json.loads(out))
+    assert all(o["ids"] == outs[0]["ids"] for o in outs)
+    assert len(outs[0]["ids"]) == 1600
+    blocks = len(list((cache_dir / "bytes" / "blocks").rglob("*.blk")))
+    assert sum(o["misses"] for o in outs) == blocks  # each block fetched by one process
+    assert sum(o["bytes_written"] for o in outs) <= _files_size(root, "org/text")
+
+
+# -- the cache's own arithmetic, on a fake fetch -------------------------------------------
+
+
+async def test_spans_across_blocks_are_cut_and_joined_exactly(tmp_path: Path) -> None:
+    data = random.Random(0).randbytes(10_000)
+    file = FileRef("mem://f", "f", size=len(data), etag="v1")
+    asked: list[list[tuple[int, int]]] = []
+
+    async def fetch(ranges: list[tuple[int, int]]) -> Sequence[bytes]:
+        asked.append(ranges)
+        return [data[s:e] for s, e in ranges]
+
+    cache = ByteCache(tmp_path, 1 << 20, block=1000)
+    rng = random.Random(1)
+    for _ in range(30):
+        spans = []
+        for _ in range(rng.randint(1, 4)):
+            s = rng.randrange(0, len(data))
+            spans.append((s, rng.randint(s, min(len(data), s + 3000))))
+        assert await cache.read(file, "scope", spans, fetch, max_request=2500) == [
+            data[s:e] for s, e in spans
+        ]
+    for ranges in asked:
+        for s, e in ranges:
+            assert s % 1000 == 0
+            assert e - s <= 2500 or e - s == 1000  # whole blocks, at most max_request
+    assert cache.statistics().misses == 10  # every block fetched once
