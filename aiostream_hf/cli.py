@@ -51,6 +51,7 @@ from ._exceptions import AiostreamError
 
 if TYPE_CHECKING:
     from ._describe import LeRobotSummary, WebDatasetSummary
+    from ._engine import Readers
     from ._models import Manifest
     from ._options import StreamOptions
     from ._resolver import Resolver
@@ -326,7 +327,7 @@ async def _ls(
     from . import _describe
     from ._engine import open_readers
 
-    async with open_readers(options, token=token, endpoint=endpoint) as readers:
+    async def listing(readers: Readers) -> _Listing:
         folder = _describe.local_lerobot(source)
         if folder is not None:
             meta = await _describe.load_lerobot(str(folder), readers, options=options)
@@ -339,6 +340,10 @@ async def _ls(
             shards = await _describe.webdataset_summary(manifests, readers, options=options)
             return _Listing(manifests, webdataset=shards)
         return _Listing(manifests)
+
+    async with open_readers(options, token=token, endpoint=endpoint) as readers:
+        # A pin shared by an earlier run that the Hub no longer knows: once more, afresh.
+        return await readers.resolver.with_fresh_pin(functools.partial(listing, readers))
 
 
 async def _resolve_all(
