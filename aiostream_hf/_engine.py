@@ -420,6 +420,30 @@ class Engine(ABC, Generic[T]):
     def _loaded_units(self, begun: Any) -> AsyncGenerator[T, None]:
         """Resolve, plan, fetch and decode: loaded units in order (the producer's task)."""
 
+    async def _attempts(self, begun: Any) -> AsyncGenerator[T, None]:
+        """``_loaded_units(begun)``; run once more when it failed before loading a unit
+        because the Hub no longer knows the commit of a pin shared through the resolution
+        cache (``Resolver.forget_stale_pin``: a server restarted over a changed folder, a
+        rewritten branch), so that the second run pins afresh. Once a unit is loaded an
+        error stands: no iteration mixes two commits."""
+        for last in (False, True):
+            before = self._readers
+            units = self._loaded_units(begun)
+            loaded = False
+            try:
+                async for item in units:
+                    loaded = True
+                    yield item
+                return
+            except Exception as exc:
+                readers = self._readers
+                if last or loaded or readers is None or readers is before:
+                    raise
+                if not await readers.resolver.forget_stale_pin(exc):
+                    raise
+            finally:
+                await units.aclose()  # on this task, which holds its scopes
+
     @abstractmethod
     def _shape_unit(self, loaded: T) -> Iterator[Any]:
         """The samples of one loaded unit; the cursor moves as each one is taken."""
@@ -600,9 +624,7 @@ class Engine(ABC, Generic[T]):
         self._started = time.monotonic()
         self._left = 0
         clock = self._clock = StageClock()
-        it: SyncIterator[T] = SyncIterator(
-            lambda: metered(self._loaded_units(begun), clock), buffer=2
-        )
+        it: SyncIterator[T] = SyncIterator(lambda: metered(self._attempts(begun), clock), buffer=2)
         self._sync_iterators.append(it)
         try:
             while True:
@@ -679,7 +701,7 @@ async def _produce(
     with anyio.CancelScope() as scope:
         task_status.started(scope)
         async with send:
-            units = metered(engine._loaded_units(begun), clock)
+            units = metered(engine._attempts(begun), clock)
             try:
                 try:
                     async for item in units:

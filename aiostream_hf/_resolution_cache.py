@@ -70,6 +70,11 @@ class _Lru:
         self._items.move_to_end(key)
         return True, value
 
+    def discard(self, key: str) -> None:
+        item = self._items.pop(key, None)
+        if item is not None:
+            self._weight -= item[2]
+
     def put(self, key: str, value: Any, ttl: float | None, weight: int) -> None:
         if ttl is not None and ttl <= 0:
             return
@@ -131,6 +136,23 @@ def _read_entry(
     except (OSError, ValueError, KeyError, TypeError) as exc:
         logger.warning("ignoring unreadable resolution cache entry %s: %s", path, exc)
         return None
+
+
+def _drop_entry(path: Path, key: Any, stale: Callable[[Any], bool]) -> bool:
+    """Remove the cache entry at ``path`` if it is this key's and ``stale(value)``; an
+    entry that another process has replaced since is kept. Whether one was removed."""
+    try:
+        with path.open(encoding="utf-8") as f:
+            entry = json.load(f)
+        if entry["key"] != key or not stale(entry["value"]):
+            return False
+        path.unlink()
+        return True
+    except FileNotFoundError:
+        return False
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        logger.warning("cannot drop resolution cache entry %s: %s", path, exc)
+        return False
 
 
 def _prepare_folder(folder: Path) -> None:

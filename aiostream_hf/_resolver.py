@@ -27,7 +27,14 @@ takes over). On a machine, a file lock per key and a JSON file under
 ``{cache_dir}/resolutions/`` make one process do the work while the others read its
 answer. Manifests are keyed by endpoint, repo, commit, path, config, split and
 ``data_files`` and never expire (a commit is immutable); a branch-to-commit pin is shared
-for ``StreamOptions.pin_ttl`` seconds, so ranks that start together make one call.
+for ``StreamOptions.pin_ttl`` seconds, so ranks that start together make one call. A
+shared pin (one this call did not request) may name a commit the Hub has forgotten since
+(a local server restarted over a changed folder, a rewritten branch): when its listing
+answers RevisionNotFound, or a stream's first read of a file at it answers 404
+(``forget_stale_pin``, which ``Engine`` and ``ls`` call), the pin is dropped, in memory
+and on disk, and the branch pinned afresh, once. A commit the user named, a pin this
+call requested, and a file whose read already began (``FileChangedError``) keep their
+errors.
 
 Guarantees and limits. No byte from a server is trusted:
 
@@ -91,6 +98,9 @@ from ._client import MAX_REDIRECTS, HubClient, RequestSigner, use_client
 from ._exceptions import (
     ClosedResourceError,
     ConfigNotFoundError,
+    FetchError,
+    FileChangedError,
+    RevisionNotFoundError,
     SourceError,
     SplitNotFoundError,
     UsageError,
@@ -115,6 +125,7 @@ from ._resolution_cache import (
     _FILE_MODE,
     _acquire,
     _Codec,
+    _drop_entry,
     _key,
     _Lru,
     _Pending,
@@ -264,6 +275,8 @@ class Resolver:
         self._memory = _Lru(_MEMORY_WEIGHT)
         self._listings = _Lru(_LISTING_WEIGHT)
         self._folders: dict[Path, bool] = {}  # cache folders checked: usable or not
+        # (endpoint, repo, commit) of the pins taken from a cache -> the pin's key
+        self._shared_pins: dict[tuple[str, str, str], tuple[Any, ...]] = {}
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -405,18 +418,110 @@ class Resolver:
     ) -> Manifest:
         revision = src.revision or "main"
         who = await call.identity()  # every key carries it: entries stay with their token
-        if hub.is_sha(revision):
-            pin = hub.Pin(revision)
-        else:
-            pin = await self._once(
-                ("pin", who, endpoint, src.repo_id, revision),
-                functools.partial(
-                    hub.fetch_pin, self._hub_get(call), endpoint, src.repo_id, revision
-                ),
-                _PIN_CODEC,
-                ttl=self._options.pin_ttl,
-                call=call,
+        args = (src, revision, config, split, data_files, endpoint, call, who)
+        if hub.is_sha(revision):  # a commit the user named: no pin, nothing to drop
+            return await self._manifest(hub.Pin(revision), *args)
+        key = ("pin", who, endpoint, src.repo_id, revision)
+        pin, shared = await self._pin(key, src.repo_id, revision, endpoint, call)
+        if not shared:
+            return await self._manifest(pin, *args)
+        try:
+            return await self._manifest(pin, *args)
+        except RevisionNotFoundError:
+            # The Hub no longer knows the commit of a shared pin (a server restarted
+            # over a changed folder, a rewritten branch): drop it, and pin afresh once.
+            await self._drop_pin(key, pin.sha)
+        pin, _ = await self._pin(key, src.repo_id, revision, endpoint, call)
+        return await self._manifest(pin, *args)
+
+    async def _pin(
+        self, key: tuple[Any, ...], repo: str, revision: str, endpoint: str, call: _Call
+    ) -> tuple[hub.Pin, bool]:
+        """The commit ``revision`` names, and whether the pin is shared: taken from a
+        cache (this resolver's, the machine's) or from another task, not requested by this
+        call. A shared pin's commit is remembered, for ``forget_stale_pin``."""
+        fetched = False
+
+        async def fetch() -> hub.Pin:
+            nonlocal fetched
+            fetched = True
+            return await hub.fetch_pin(self._hub_get(call), endpoint, repo, revision)
+
+        pin = await self._once(key, fetch, _PIN_CODEC, ttl=self._options.pin_ttl, call=call)
+        if not fetched:
+            self._shared_pins[(endpoint, repo, pin.sha)] = key
+        return pin, not fetched
+
+    async def _drop_pin(self, key_parts: tuple[Any, ...], sha: str) -> None:
+        """Forget the pin under ``key_parts`` if it still names ``sha``: in memory, and on
+        disk under its lock (a pin another process has renewed since is kept)."""
+        key = _key(key_parts)
+        hit, pin = self._memory.get(key)
+        if hit and pin.sha == sha:
+            self._memory.discard(key)
+        folder = await self._cache_folder()
+        if folder is None:
+            return
+        stored = json.loads(json.dumps(key_parts))
+        try:
+            lock = filelock.FileLock(
+                str(folder / f"{key}.lock"), mode=_FILE_MODE, thread_local=False
             )
+            await _acquire(lock)
+        except OSError as exc:
+            logger.warning("resolution cache %s is not usable (%s)", folder, exc)
+            return
+        try:
+            stale = functools.partial(_names_commit, sha)
+            path = folder / f"{key}.json"
+            if await anyio.to_thread.run_sync(_drop_entry, path, stored, stale):
+                logger.info("dropped a shared pin to %s: the Hub no longer knows it", sha)
+        finally:
+            lock.release()
+
+    async def forget_stale_pin(self, error: BaseException) -> bool:
+        """Whether ``error`` refused, with a 404, a file's first read at a commit that a
+        shared pin of this resolver named (so the Hub no longer knows that commit). Then
+        the pin is dropped (``_drop_pin``), and the next resolution pins afresh.
+
+        A read that already began (``FileChangedError``), a commit the user named and a
+        pin this resolver requested itself are not forgotten: their errors stand."""
+        if isinstance(error, FileChangedError) or not isinstance(error, FetchError):
+            return False
+        if error.status != 404:
+            return False
+        for (endpoint, repo, sha), key in list(self._shared_pins.items()):
+            if error.url.startswith(f"{endpoint}/datasets/{repo}/resolve/{sha}/"):
+                del self._shared_pins[(endpoint, repo, sha)]
+                await self._drop_pin(key, sha)
+                return True
+        return False
+
+    async def with_fresh_pin(self, read: Callable[[], Awaitable[T]]) -> T:
+        """``read()`` (which resolves with this resolver, then reads); run once more when
+        it failed because the Hub no longer knows the commit of a shared pin
+        (``forget_stale_pin``), so that the second run pins afresh."""
+        try:
+            return await read()
+        except Exception as exc:
+            if not await self.forget_stale_pin(exc):
+                raise
+        return await read()
+
+    async def _manifest(
+        self,
+        pin: hub.Pin,
+        src: HubSource,
+        revision: str,
+        config: str | None,
+        split: str | None,
+        data_files: dict[str, list[str]] | None,
+        endpoint: str,
+        call: _Call,
+        who: str,
+    ) -> Manifest:
+        """The manifest of ``src`` at ``pin``'s commit: cached forever (a commit is
+        immutable), else built from its tree listing and card."""
         key = (
             "manifest",
             who,
@@ -710,6 +815,11 @@ def _body_cap(kind: str) -> BodyCap:
     if kind == "text":
         return BodyCap(MAX_TEXT_BODY, "MAX_TEXT_BODY")
     return BodyCap(MAX_API_BODY, "MAX_API_BODY")
+
+
+def _names_commit(sha: str, value: Any) -> bool:
+    """Whether a pin cache entry's value names commit ``sha``."""
+    return isinstance(value, dict) and value.get("sha") == sha
 
 
 def _describe(src: Source) -> str:

@@ -300,14 +300,17 @@ class Stream(Engine["tuple[_Tag, Any]"]):
 
     # -- the pipeline --------------------------------------------------------
 
-    def _begin(self) -> None:
-        """A loaded state is taken up by the producer, which holds the cursor from then."""
-        return None
+    def _begin(self) -> dict[str, Any] | None:
+        """The loaded state, if any: the producer takes it up and holds the cursor from then
+        (a second run of ``_loaded_units``, with a fresh pin, starts from it again)."""
+        return self._resume
 
-    async def _loaded_units(self, begun: None) -> AsyncGenerator[tuple[_Tag, Any], None]:
+    async def _loaded_units(
+        self, begun: dict[str, Any] | None
+    ) -> AsyncGenerator[tuple[_Tag, Any], None]:
         """Resolve, plan, fetch and decode: loaded units in order, read ahead."""
         opts = self._options
-        resume = self._resume  # taken up (set to None) once the cursor holds it
+        resume = begun  # taken up (self._resume set to None) once the cursor holds it
         async with self._reading(
             opts, token=self._token, endpoint=self._endpoint, client=self._client
         ) as readers:

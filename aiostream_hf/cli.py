@@ -49,6 +49,7 @@ from ._exceptions import AiostreamError
 
 if TYPE_CHECKING:
     from ._describe import LeRobotSummary, Names, WebDatasetSummary
+    from ._engine import Readers
     from ._models import Manifest
     from ._options import StreamOptions
     from ._resolver import Resolver
@@ -330,7 +331,7 @@ async def _ls(
     from . import _describe
     from ._engine import open_readers
 
-    async with open_readers(options, token=token, endpoint=endpoint) as readers:
+    async def listing(readers: Readers) -> _Listing:
         folder = _describe.local_lerobot(source)
         if folder is not None:
             meta = await _describe.load_lerobot(str(folder), readers, options=options)
@@ -348,6 +349,10 @@ async def _ls(
             shards = await _describe.webdataset_summary(manifests, readers, options=options)
             return _Listing(manifests, webdataset=shards, names=names)
         return _Listing(manifests, names=names)
+
+    async with open_readers(options, token=token, endpoint=endpoint) as readers:
+        # A pin shared by an earlier run that the Hub no longer knows: once more, afresh.
+        return await readers.resolver.with_fresh_pin(functools.partial(listing, readers))
 
 
 async def _resolve_all(

@@ -60,6 +60,7 @@ from .formats import ByteSource
 
 if TYPE_CHECKING:
     from ._options import StreamOptions
+    from ._resolver import Resolver
 
 __all__ = ["Frames", "VideoReader", "VideoSource", "VideoStatistics", "open"]
 
@@ -180,7 +181,9 @@ class VideoReader:
             from ._options import StreamOptions
 
             max_whole = (self._options or StreamOptions()).max_whole_video_bytes
-            listed = self.file.url.startswith("hf://") or is_bucket_uri(self.file.url)
+            url = self.file.url
+            listed = url.startswith("hf://") or is_bucket_uri(url)
+            resolver: Resolver | None = None  # of a listed file: its listing names it
             if self._source is None or listed:
                 from ._engine import open_readers
 
@@ -199,8 +202,17 @@ class VideoReader:
                 if self._source is None:
                     self._source = readers.fetcher
                 if listed:
-                    self.file = await _listed(self.file.url, readers.resolver)
-            self._index = await _load(self.file, self._source, self._stats, max_whole)
+                    resolver = readers.resolver
+            source = self._source
+
+            async def index() -> _Indexed | _Demuxed:
+                if resolver is not None:
+                    self.file = await _listed(url, resolver)
+                return await _load(self.file, source, self._stats, max_whole)
+
+            # Listed: once more, with a fresh pin, if the Hub refuses the commit of a pin
+            # shared through the resolution cache (a restarted server, a rewritten branch).
+            self._index = await (index() if resolver is None else resolver.with_fresh_pin(index))
         except BaseException:
             await self.aclose()
             raise

@@ -267,6 +267,12 @@ def http_error(
             "(token=, HF_TOKEN or `hf auth login`)"
         )
     if code == "RevisionNotFound":
+        if where.sha is not None and where.sha != where.revision:
+            return RevisionNotFoundError(
+                f"commit {where.sha} (where {where.revision!r} pointed) is gone from dataset "
+                f"repo {where.repo!r} at {where.endpoint}: the repo changed while it was "
+                "resolved (or the server restarted): resolve it again"
+            )
         return RevisionNotFoundError(
             f"revision {where.revision!r} not found in dataset repo {where.repo!r}: "
             "use a branch, tag or commit sha that exists"
@@ -327,6 +333,12 @@ class HubStore:
     def read_error(self, refusal: Refusal) -> FetchError:
         """A read the Hub (or the CDN it sent us to) refused."""
         r = refusal
+        if r.status == 404 and r.headers.get("X-Error-Code") == "RevisionNotFound":
+            return r.error(
+                f"HTTP 404 from {r.where}{r.note}: the Hub no longer has the commit it was "
+                "resolved at (the repo changed, or the server restarted): resolve the "
+                "source again, at a revision that exists"
+            )
         if r.status == 404:
             return r.error(f"not found: HTTP 404 from {r.where}{r.note}")
         if r.status in (401, 403) and origin(r.url) == origin(r.access.endpoint):
