@@ -184,7 +184,13 @@ async def _hub_root(source: HubSource, resolver: Resolver) -> _Root:
             f"{label} holds no Parquet file, so it is not a LeRobot v2.1/v3.0 dataset "
             f"(their frames are in data/*/*.parquet): {exc}"
         ) from exc
-    files = {f.path[len(prefix) :]: f for f in manifest.files if f.path.startswith(prefix)}
+    # Every file of the folder, from the same tree listing: the videos and metadata carry
+    # their sizes and versions as the data files do (the byte cache keeps them).
+    assert manifest.commit is not None
+    listed = await resolver.folder_files(
+        HubSource(source.repo_id, manifest.commit, folder or None).uri
+    )
+    files = {f.path[len(prefix) :]: f for f in listed.files if f.path.startswith(prefix)}
     base = f"{manifest.endpoint}/datasets/{manifest.repo_id}/resolve/{manifest.commit}/"
     return _Root(
         label=label,

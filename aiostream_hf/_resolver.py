@@ -538,6 +538,66 @@ class Resolver:
         )
         return await self._once(key, build, _MANIFEST_CODEC, ttl=None, call=call)
 
+    async def _tree(
+        self, where: _Where, base: str, path: str | None, call: _Call, who: str
+    ) -> tuple[_File, ...]:
+        """Every file below ``base`` at ``where``'s commit: the repo's whole tree listing
+        when this resolver holds it, else the listing of ``base`` (cached forever)."""
+        assert where.sha is not None
+        root = ("tree", who, where.endpoint, where.repo, where.sha, "")
+        hit, tree = self._listings.get(_key(root))  # the whole tree serves any folder
+        if hit:
+            self._counts.memory_hits += 1
+            return cast("tuple[_File, ...]", tree)
+        return await self._once(
+            root[:-1] + (base,),
+            functools.partial(hub.list_tree, self._hub_get(call), where, base, path),
+            _TREE_CODEC,
+            ttl=None,
+            call=call,
+        )
+
+    async def folder_files(self, source: str) -> Manifest:
+        """Every file of a Hub folder (``hf://datasets/ORG/NAME@SHA[/FOLDER]``, at a
+        commit), with its size and ETag, whatever its format: the tree listing that a
+        resolution of the folder reads (shared with it, cached). LeRobot's videos and
+        metadata so carry their versions, as the data files do."""
+        self._check_open()
+        sources = await anyio.to_thread.run_sync(parse_sources, source)
+        src = sources[0] if len(sources) == 1 else None
+        if (
+            not isinstance(src, HubSource)
+            or src.revision is None
+            or not hub.is_sha(src.revision)
+            or (src.path is not None and has_glob(src.path))
+        ):
+            raise SourceError(
+                f"folder_files({source!r}): give a Hub folder at a commit, "
+                "hf://datasets/ORG/NAME@SHA[/FOLDER]"
+            )
+        access = self._access if self._access is not None else await find_access(None, None)
+        call = _Call(access)
+        who = await call.identity()
+        folder = (src.path or "").strip("/")
+        sha, endpoint = src.revision, access.endpoint
+
+        async def build() -> Manifest:
+            where = _Where(src.repo_id, sha, sha, endpoint)
+            tree = await self._tree(where, folder, src.path, call, who)
+            prefix = f"{folder}/" if folder else ""
+            base = f"{endpoint}/datasets/{src.repo_id}/resolve/{sha}/"
+            files = tuple(
+                FileRef(url=base + quote(f.path), path=f.path, size=f.size, etag=f.etag)
+                for f in tree
+                if f.path.startswith(prefix)
+            )
+            return Manifest(files=files, repo_id=src.repo_id, commit=sha, endpoint=endpoint)
+
+        # Kept as a manifest (a commit's files never change): a process that finds the
+        # folder's manifests on disk finds this one there too, and lists nothing.
+        key = ("folder", who, endpoint, src.repo_id, sha, folder)
+        return await self._once(key, build, _MANIFEST_CODEC, ttl=None, call=call)
+
     async def _build(
         self,
         src: HubSource,
@@ -558,18 +618,7 @@ class Resolver:
         else:
             base = posixpath.dirname(path)
         where = _Where(src.repo_id, revision, pin.sha, endpoint)
-        root = ("tree", who, endpoint, src.repo_id, pin.sha, "")
-        hit, tree = self._listings.get(_key(root))  # the whole tree serves any folder
-        if hit:
-            self._counts.memory_hits += 1
-        else:
-            tree = await self._once(
-                root[:-1] + (base,),
-                functools.partial(hub.list_tree, self._hub_get(call), where, base, path),
-                _TREE_CODEC,
-                ttl=None,
-                call=call,
-            )
+        tree = await self._tree(where, base, path, call, who)
         card = None
         if path is None:
             card = await self._once(

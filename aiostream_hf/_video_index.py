@@ -178,7 +178,8 @@ def _tail_size(size: int | None) -> int:
 
 
 async def _read_ends(file: FileRef, source: ByteSource, stats: dict[str, Any]) -> _Reads:
-    """The head and the tail of the file: one round trip when its size is known.
+    """The head and the tail of the file: one round trip when its size is known (the
+    whole file when it is no longer than ``TAIL_READ_SIZE``).
 
     Without the size, the tail is read first, alone: a suffix read, whose answer tells
     the size. A file no longer than that read is then held whole, fetched once; only a
@@ -191,7 +192,9 @@ async def _read_ends(file: FileRef, source: ByteSource, stats: dict[str, Any]) -
             raise DecodeError(f"{file.path} is not a video file: it is empty")
         head_end = min(size, HEAD_READ_SIZE)
         tail_start = max(0, size - _tail_size(size))
-        if tail_start - head_end < _VIDEO_COALESCE_GAP:
+        # A file no longer than the tail read an unknown size gets is read whole, as
+        # that read would: its frames then need no request.
+        if size <= TAIL_READ_SIZE or tail_start - head_end < _VIDEO_COALESCE_GAP:
             ranges = [(0, size)]
         else:
             ranges = [(0, head_end), (tail_start, size)]

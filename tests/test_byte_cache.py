@@ -27,6 +27,7 @@ from aiostream_hf._byte_cache import ByteCache
 from aiostream_hf._models import FileRef
 from aiostream_hf.testing import (
     HubServer,
+    make_lerobot_dataset,
     make_repo,
     make_text_parquet,
     make_webdataset_shards,
@@ -48,6 +49,7 @@ def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
             text / "data" / f"train-{i}.parquet", rows=800, row_group_size=100, seed=i
         )
     make_webdataset_shards(make_repo(root, "org/shards", {}), shards=2, samples_per_shard=30)
+    make_lerobot_dataset(root, "org/robot", episodes=[10, 12], width=64, height=48, codec="h264")
     private = make_repo(root, "org/private", {})
     make_text_parquet(private / "data" / "train.parquet", rows=200, row_group_size=100)
     return root
@@ -99,6 +101,27 @@ async def test_the_second_epoch_fetches_nothing(
     assert stats_2.fetcher["byte_cache"]["misses"] == 0
     assert stats_2.fetcher["bytes_received"] == 0
     assert stats_2.requests["cdn"] == 0
+
+
+async def test_a_lerobot_epoch_through_the_cache(hub: HubServer, tmp_path: Path) -> None:
+    """Its data, metadata and videos: every file carries its version from the listing."""
+    options = _options(tmp_path)
+
+    async def items() -> list[Any]:
+        async with ash.lerobot.stream(
+            "hf://datasets/org/robot", endpoint=hub.endpoint, options=options
+        ) as s:
+            return [
+                (int(item["index"]), int(item["observation.images.top"].sum()))
+                async for item in s
+            ]
+
+    first = await items()
+    assert len(first) == 22
+    cdn, served = _served(hub)
+    assert await items() == first
+    assert _served(hub)[0] == cdn  # no request for any byte
+    assert _served(hub)[1] - served < 16_384  # the API's answers only
 
 
 async def test_blocks_are_kept_per_token_and_private_to_the_user(

@@ -428,6 +428,8 @@ async def test_fetches_only_the_index_then_the_frames(
     monkeypatch.setattr(_video_index, "HEAD_READ_SIZE", 4096)  # the test files are small
     oracle = videos["h264-gop250"]
     size = oracle.path.stat().st_size
+    # and not read whole at open, as a file no longer than the tail read would be
+    monkeypatch.setattr(_video_index, "TAIL_READ_SIZE", size - 1)
     tail = video._tail_size(size)
     assert size > 4096 + tail + video._VIDEO_COALESCE_GAP  # so that head and tail are apart
     source = LocalSource(oracle.path)
@@ -445,6 +447,7 @@ async def test_fetches_only_the_index_then_the_frames(
 
     monkeypatch.setattr(_video_index, "_VIDEO_COALESCE_GAP", 0)  # head and tail apart here too
     path = videos["h264-gop25-faststart"].path
+    monkeypatch.setattr(_video_index, "TAIL_READ_SIZE", path.stat().st_size - 1)
     source = LocalSource(path)
     async with video.open(path, fetcher=source) as reader:
         assert source.round_trips() == 1  # moov comes first: the head holds it
