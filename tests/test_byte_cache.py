@@ -112,8 +112,7 @@ async def test_a_lerobot_epoch_through_the_cache(hub: HubServer, tmp_path: Path)
             "hf://datasets/org/robot", endpoint=hub.endpoint, options=options
         ) as s:
             return [
-                (int(item["index"]), int(item["observation.images.top"].sum()))
-                async for item in s
+                (int(item["index"]), int(item["observation.images.top"].sum())) async for item in s
             ]
 
     first = await items()
