@@ -47,6 +47,8 @@ __all__ = [
 T = TypeVar("T")
 #: The exit code of a command ended by Ctrl-C (128 + SIGINT), as shells report it.
 EXIT_INTERRUPTED = 130
+#: The exit code of a command whose stdout was closed by its reader (128 + SIGPIPE).
+EXIT_BROKEN_PIPE = 141
 
 
 class Group(click.Group):
@@ -69,6 +71,13 @@ class Group(click.Group):
             _exit_now(EXIT_INTERRUPTED)
         except (click.ClickException, click.exceptions.Exit, click.Abort):
             raise
+        except BrokenPipeError:
+            # The reader of stdout went away (`aiostream-hf ls ... | head -1`): stop
+            # quietly, as the shell's tools do; stdout is pointed at /dev/null so that
+            # the interpreter's last flush finds no broken pipe either.
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+            _exit_now(EXIT_BROKEN_PIPE)
         except Exception as exc:
             # Not how any expected failure ends (network failures are library errors):
             # a bug. One line, unless AIOSTREAM_HF_TRACEBACK asks for the traceback.

@@ -1032,3 +1032,23 @@ def test_head_of_webdataset_shards_does_not_import_torch(tmp_path: Path) -> None
     assert done.returncode == 0, done.stderr
     assert "cls" in done.stdout
     assert done.stdout.splitlines()[-1] == "False False"
+
+
+def test_a_reader_that_stops_early_ends_the_command_quietly(tmp_path: Path) -> None:
+    """`aiostream-hf head ... | head -c 10`: the pipe closes under the command, which
+    stops as the shell's tools do (128 + SIGPIPE), without a 'bug' line or a traceback."""
+    path = tmp_path / "t.parquet"
+    make_text_parquet(path, rows=300, row_group_size=300)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "aiostream_hf.cli", "head", str(path), "-n", "300"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert proc.stdout is not None
+    assert proc.stderr is not None
+    assert len(proc.stdout.read(10)) == 10
+    proc.stdout.close()  # the reader goes away
+    err = proc.stderr.read()
+    proc.stderr.close()
+    assert proc.wait(timeout=60) == 141
+    assert err == b""
