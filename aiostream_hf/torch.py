@@ -247,7 +247,7 @@ class StepStatistics:
     wait_share: ``waited / (waited + worked)`` over the steps ended so far: the share
         of training time lost to input. Near 0: the data keeps up.
     last_wait_share / recent_wait_share: the same for the last step ended, and over
-        the last ``window`` steps ended (None before the first).
+        the last ``window`` steps ended, time-weighted (None before the first).
     """
 
     steps: int
@@ -287,7 +287,7 @@ class TimedLoader(Generic[_T]):
         self._waited = 0.0  # of the steps ended
         self._worked = 0.0
         self._wait: float | None = None  # the wait of the step under way
-        self._recent: deque[float] = deque(maxlen=window)
+        self._recent: deque[tuple[float, float]] = deque(maxlen=window)  # (waited, worked)
 
     def __iter__(self) -> Iterator[_T]:
         it = iter(self.loader)
@@ -311,7 +311,7 @@ class TimedLoader(Generic[_T]):
             return
         self._waited += wait
         self._worked += worked
-        self._recent.append(wait / (wait + worked) if wait + worked > 0 else 0.0)
+        self._recent.append((wait, worked))
 
     def __len__(self) -> int:
         return len(self.loader)  # type: ignore[arg-type]
@@ -322,13 +322,20 @@ class TimedLoader(Generic[_T]):
         return getattr(self.loader, name)
 
     def statistics(self) -> StepStatistics:
-        total = self._waited + self._worked
         recent = self._recent
         return StepStatistics(
             steps=self._steps,
             waited=self._waited + (self._wait or 0.0),
             worked=self._worked,
-            wait_share=self._waited / total if total > 0 else None,
-            last_wait_share=recent[-1] if recent else None,
-            recent_wait_share=sum(recent) / len(recent) if recent else None,
+            wait_share=_share(self._waited, self._worked),
+            last_wait_share=_share(*recent[-1]) if recent else None,
+            recent_wait_share=_share(sum(w for w, _ in recent), sum(k for _, k in recent))
+            if recent
+            else None,
         )
+
+
+def _share(waited: float, worked: float) -> float | None:
+    """The share of time waited (None when no time passed)."""
+    total = waited + worked
+    return waited / total if total > 0 else None

@@ -52,7 +52,8 @@ def test_each_steps_wait_share() -> None:
     assert (s.waited, s.worked) == (4.0, 4.0)  # the last step ends with the loop
     assert s.wait_share == 0.5
     assert s.last_wait_share == 0.75
-    assert s.recent_wait_share == pytest.approx((0.0 + 0.75) / 2)  # the last two steps
+    # over the last two steps, by time: waited 0 + 3 of 2 + 4 s (not a mean of shares)
+    assert s.recent_wait_share == pytest.approx(3 / 6)
 
 
 def test_a_loop_left_early_keeps_the_wait_of_its_last_step() -> None:
