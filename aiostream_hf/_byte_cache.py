@@ -16,7 +16,11 @@ Each block (``BLOCK`` bytes, the last one shorter) is one file
 payload. Written to a temporary name (0600, in folders 0700) and renamed into place,
 so a process killed mid-write leaves nothing visible but a temporary file, removed by
 the next eviction pass; a block whose header or CRC does not match (a corrupted disk,
-a truncated copy) is deleted and fetched again. A write that fails (the disk full)
+a truncated copy) is deleted and fetched again. A process checks a block's CRC once:
+at its first read of it (or as it writes it); read again unchanged (same inode, size
+and modification time), it is read in the part asked for only, unchecked, so damage
+that leaves a file's size and time as they were is found by the next process that
+reads it, not by one that checked it before. A write that fails (the disk full)
 is logged once and the bytes are served all the same.
 
 Each block is fetched once per machine: a process about to fetch a run of missing
@@ -41,8 +45,10 @@ import logging
 import os
 import secrets
 import struct
+import threading
 import time
 import zlib
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -95,6 +101,36 @@ class ByteCacheStatistics:
     lock_timeouts: int = 0
 
 
+def _whole(blocks: list[tuple[int, str]]) -> list[tuple[int, str, tuple[int, int] | None]]:
+    """Blocks to read whole (``None``: no part named)."""
+    return [(i, key, None) for i, key in blocks]
+
+
+class _Verified:
+    """Block files whose CRC this process has checked (or which it wrote), by path and
+    stat identity (inode, size, modification time): a block read again, unchanged, is
+    not checked again. Bounded (least recently added go first); shared by threads."""
+
+    def __init__(self, limit: int) -> None:
+        self._limit = limit
+        self._seen: OrderedDict[tuple[Any, ...], None] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def has(self, key: tuple[Any, ...]) -> bool:
+        with self._lock:
+            return key in self._seen
+
+    def add(self, key: tuple[Any, ...]) -> None:
+        with self._lock:
+            self._seen[key] = None
+            self._seen.move_to_end(key)
+            while len(self._seen) > self._limit:
+                self._seen.popitem(last=False)
+
+
+_verified = _Verified(1 << 16)
+
+
 class ByteCache:
     """See the module's docstring."""
 
@@ -132,31 +168,63 @@ class ByteCache:
         fetch: Fetch,
         *,
         max_request: int,
-    ) -> list[bytes]:
+    ) -> list[bytes | memoryview]:
         """The bytes of each (start, end exclusive) span of ``file``: from the blocks on
         disk, the missing ones fetched (``fetch(ranges)``: one buffer per range, ranges
-        of whole blocks, each at most ``max_request`` bytes) and kept."""
+        of whole blocks, each at most ``max_request`` bytes) and kept. A span within one
+        block is a view of it (no copy); one across blocks is joined."""
         assert file.size is not None
         if not self._prepared:
             await anyio.to_thread.run_sync(self._prepare)
-        wanted = sorted({i for s, e in spans if e > s for i in self._blocks_of(s, e)})
-        blocks = await self._blocks(file, scope, wanted, fetch, max_request)
-        out = []
+        needs = self._needs([(s, e) for s, e in spans if e > s])
+        blocks = await self._blocks(file, scope, needs, fetch, max_request)
+        out: list[bytes | memoryview] = []
         for s, e in spans:
             if e <= s:
                 out.append(b"")
                 continue
-            first, last = s // self.block, (e - 1) // self.block
-            if first == last:
-                at = first * self.block
-                out.append(bytes(blocks[first][s - at : e - at]))
-                continue
-            pieces = []
-            for i in range(first, last + 1):
-                at = i * self.block
-                pieces.append(blocks[i][max(s, at) - at : min(e, at + self.block) - at])
-            out.append(b"".join(pieces))
+            pieces = self._cut(blocks, s, e)
+            out.append(pieces[0] if len(pieces) == 1 else b"".join(pieces))
         return out
+
+    async def read_blocks(
+        self,
+        file: FileRef,
+        scope: str,
+        start: int,
+        end: int,
+        fetch: Fetch,
+        *,
+        max_request: int,
+    ) -> list[memoryview]:
+        """The bytes ``start`` to ``end`` of ``file`` as views of its blocks, in order (a
+        sequential reader's: no join)."""
+        if end <= start:
+            return []
+        if not self._prepared:
+            await anyio.to_thread.run_sync(self._prepare)
+        blocks = await self._blocks(file, scope, self._needs([(start, end)]), fetch, max_request)
+        return self._cut(blocks, start, end)
+
+    def _cut(self, blocks: dict[int, Any], s: int, e: int) -> list[memoryview]:
+        """Views of the blocks covering ``[s, e)``, each cut to it."""
+        pieces = []
+        for i in self._blocks_of(s, e):
+            at = i * self.block
+            pieces.append(memoryview(blocks[i])[max(s, at) - at : min(e, at + self.block) - at])
+        return pieces
+
+    def _needs(self, spans: list[tuple[int, int]]) -> dict[int, tuple[int, int]]:
+        """The blocks ``spans`` touch, each with the part of it they need (from the
+        first byte of the first to the last of the last, relative to the block)."""
+        needs: dict[int, tuple[int, int]] = {}
+        for s, e in spans:
+            for i in self._blocks_of(s, e):
+                at = i * self.block
+                lo, hi = max(s, at) - at, min(e, at + self.block) - at
+                had = needs.get(i)
+                needs[i] = (lo, hi) if had is None else (min(had[0], lo), max(had[1], hi))
+        return dict(sorted(needs.items()))
 
     def _blocks_of(self, start: int, end: int) -> range:
         return range(start // self.block, (end - 1) // self.block + 1)
@@ -173,8 +241,17 @@ class ByteCache:
         return self.folder / kind / key[:2] / f"{key}{suffix}"
 
     async def _blocks(
-        self, file: FileRef, scope: str, wanted: list[int], fetch: Fetch, max_request: int
+        self,
+        file: FileRef,
+        scope: str,
+        needs: dict[int, tuple[int, int]],
+        fetch: Fetch,
+        max_request: int,
     ) -> dict[int, bytes]:
+        """The blocks ``needs`` names, each holding (at least) the part it needs: a
+        block read from disk whose CRC this process has checked is read in that part
+        only (``_load``); one fetched is whole."""
+        wanted = list(needs)
         keys = {i: self._key(file, scope, i) for i in wanted}
         got: dict[int, bytes] = {}
         while True:
@@ -184,7 +261,9 @@ class ByteCache:
                 if event is not None and i not in got:
                     await event.wait()
                     self._counts["waited"] += 1
-            todo = [(i, keys[i]) for i in wanted if i not in got]
+            todo: list[tuple[int, str, tuple[int, int] | None]] = [
+                (i, keys[i], needs[i]) for i in wanted if i not in got
+            ]
             got.update(await anyio.to_thread.run_sync(self._load_many, file, todo))
             missing = [i for i in wanted if i not in got]
             if not missing:
@@ -217,7 +296,7 @@ class ByteCache:
         try:
             if held:
                 found = await anyio.to_thread.run_sync(
-                    self._load_many, file, [(i, keys[i]) for i in missing]
+                    self._load_many, file, _whole([(i, keys[i]) for i in missing])
                 )
                 self._counts["waited"] += len(found)
             else:
@@ -285,29 +364,54 @@ class ByteCache:
             if lock.is_locked:
                 lock.release()
 
-    def _load_many(self, file: FileRef, blocks: list[tuple[int, str]]) -> dict[int, bytes]:
+    def _load_many(
+        self, file: FileRef, blocks: list[tuple[int, str, tuple[int, int] | None]]
+    ) -> dict[int, Any]:
         found = {}
-        for i, key in blocks:
+        for i, key, need in blocks:
             s, e = self._span(file, i)
-            data = self._load(self._path(key), e - s)
+            data = self._load(self._path(key), e - s, need)
             if data is not None:
                 found[i] = data
         return found
 
-    def _load(self, path: Path, length: int) -> bytes | None:
+    def _load(
+        self, path: Path, length: int, need: tuple[int, int] | None = None
+    ) -> bytearray | None:
+        """The block's payload, read straight into a buffer of its length. A block whose
+        CRC this process has checked (or which it wrote), unchanged since (``_verified``:
+        same inode, size and time), is read in the part ``need`` only; any other is read
+        whole and its CRC checked. None: not there, or damaged (then deleted)."""
+        payload = bytearray(length)
         try:
-            with open(path, "rb") as f:
-                raw = f.read(_HEADER.size + length + 1)
+            with open(path, "rb", buffering=0) as f:
+                st = os.fstat(f.fileno())
+                seen = (str(path), st.st_ino, st.st_size, st.st_mtime_ns)
+                header = f.read(_HEADER.size)
+                checked = need is not None and _verified.has(seen)
+                if checked:
+                    assert need is not None
+                    lo, hi = need
+                    f.seek(_HEADER.size + lo)
+                    got = f.readinto(memoryview(payload)[lo:hi]) or 0
+                    ok = got == hi - lo and st.st_size == _HEADER.size + length
+                else:
+                    got = f.readinto(payload) or 0
+                    ok = got == length and not f.read(1)
         except FileNotFoundError:
             return None
         except OSError as exc:
             logger.warning("aiostream-hf: cannot read the cached block %s (%s)", path, exc)
             return None
-        ok = len(raw) == _HEADER.size + length
-        if ok:
-            magic, size, crc = _HEADER.unpack_from(raw)
-            payload = raw[_HEADER.size :]
-            ok = magic == _MAGIC and size == length and zlib.crc32(payload) == crc
+        if ok and len(header) == _HEADER.size:
+            magic, size, crc = _HEADER.unpack(header)
+            ok = magic == _MAGIC and size == length
+            if ok and not checked:
+                ok = zlib.crc32(payload) == crc
+                if ok:
+                    _verified.add(seen)
+        else:
+            ok = False
         if not ok:
             self._counts["corrupt"] += 1
             logger.warning("aiostream-hf: the cached block %s is damaged: fetched again", path)
@@ -317,7 +421,7 @@ class ByteCache:
         with contextlib.suppress(OSError):
             os.utime(path)  # recently used: evicted last
         self._counts["hits"] += 1
-        self._counts["bytes_read"] += length
+        self._counts["bytes_read"] += length if need is None or not checked else need[1] - need[0]
         return payload
 
     def _store_many(self, blocks: list[tuple[str, bytes]]) -> None:
@@ -337,7 +441,11 @@ class ByteCache:
             try:
                 with os.fdopen(fd, "wb") as f:
                     self._write(f, _HEADER.pack(_MAGIC, len(data), zlib.crc32(data)) + data)
+                    f.flush()
+                    st = os.fstat(f.fileno())
                 os.replace(tmp, path)
+                # Written by this process from the bytes it holds: checked as it was written.
+                _verified.add((str(path), st.st_ino, st.st_size, st.st_mtime_ns))
             except BaseException:
                 with contextlib.suppress(OSError):
                     tmp.unlink()

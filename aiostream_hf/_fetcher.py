@@ -37,6 +37,7 @@ import dataclasses
 import functools
 import hashlib
 import logging
+from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
@@ -350,7 +351,9 @@ class RangeFetcher:
         max_size = self.options.max_range_size if part_size is None else part_size
         if self._caches(file):
             kept = await self._cached_read(file, spans, max_size)
-            return [memoryview(b).toreadonly() for b in kept] if in_place else list(kept)
+            if in_place:  # views of the blocks, read-only for the decoder
+                return [memoryview(b).toreadonly() for b in kept]
+            return [b if isinstance(b, bytes) else bytes(b) for b in kept]
         parts = coalesce_ranges(spans, gap=self.options.coalesce_gap, max_size=max_size)
         with stage_network():
             data = await self._fetch_parts(file, parts, in_place=in_place)
@@ -364,7 +367,7 @@ class RangeFetcher:
 
     async def _cached_read(
         self, file: FileRef, spans: Sequence[tuple[int, int]], max_size: int
-    ) -> list[bytes]:
+    ) -> list[bytes | memoryview]:
         """``spans`` of ``file`` through the byte cache: its blocks on disk, the others
         fetched (whole blocks) and kept."""
         assert self._byte_cache is not None
@@ -695,8 +698,9 @@ class _Chunks(Protocol):
 
 
 class _CachedChunks:
-    """A file's blocks from ``start`` to ``end``, one ``block_size`` at a time, through
-    the byte cache (``RangeFetcher._cached_read``)."""
+    """A file's bytes from ``start`` to ``end`` through the byte cache: ``block_size``
+    bytes at a time are taken from it (``ByteCache.read_blocks``), given as views of its
+    blocks, one per chunk, so that nothing is joined."""
 
     def __init__(self, fetcher: RangeFetcher, file: FileRef, start: int, end: int, block: int):
         self._fetcher = fetcher
@@ -704,19 +708,31 @@ class _CachedChunks:
         self._pos = start
         self._end = end
         self._block = block
+        self._ready: deque[memoryview] = deque()  # at most ``block`` bytes
 
     async def next_chunk(self) -> bytes | None:
-        if self._pos >= self._end:
-            return None
-        end = min(self._end, self._pos + self._block)
-        (data,) = await self._fetcher._cached_read(
-            self._file, [(self._pos, end)], self._fetcher.options.max_range_size
-        )
-        self._pos = end
-        return data
+        if not self._ready:
+            if self._pos >= self._end:
+                return None
+            end = min(self._end, self._pos + self._block)
+            cache = self._fetcher._byte_cache
+            assert cache is not None
+            with stage_network():
+                views = await cache.read_blocks(
+                    self._file,
+                    self._fetcher._route_scope,
+                    self._pos,
+                    end,
+                    functools.partial(self._fetcher._fetch_parts, self._file),
+                    max_request=self._fetcher.options.max_range_size,
+                )
+            self._ready.extend(views)
+            self._pos = end
+        return self._ready.popleft()  # type: ignore[return-value]  # a view: bytes-like
 
     async def aclose(self) -> None:
         self._pos = self._end
+        self._ready.clear()
 
 
 class ByteStream:

@@ -42,10 +42,10 @@ from aiostream_hf.testing import (  # noqa: E402
     make_webdataset_shards,
 )
 
-FILES = 4
-ROWS = 10_000  # per file, row groups of 1,000
-SHARDS = 8
-SAMPLES = 400  # per shard
+FILES = 8
+ROWS = 20_000  # per file, row groups of 1,000
+SHARDS = 16
+SAMPLES = 1_000  # per shard
 
 
 def _data(root: Path) -> None:
