@@ -172,31 +172,26 @@ class StageClock:
             self._busy[was] -= 1
             self._busy[stage] += 1
 
-    @contextlib.contextmanager
-    def consumer_waiting(self) -> Iterator[None]:
+    def consumer_waiting(self) -> contextlib.AbstractContextManager[None]:
         """The consumer waits for the next unit within the block."""
-        with self._lock:
-            self._advance(self._now())
-            self._consumer_waits += 1
-        try:
-            yield
-        finally:
-            with self._lock:
-                self._advance(self._now())
-                self._consumer_waits -= 1
+        return self._while("_consumer_waits")
+
+    def blocked(self) -> contextlib.AbstractContextManager[None]:
+        """The producer holds a loaded unit the consumer has not taken, within the block."""
+        return self._while("_blocked")
 
     @contextlib.contextmanager
-    def blocked(self) -> Iterator[None]:
-        """The producer holds a loaded unit the consumer has not taken, within the block."""
+    def _while(self, count: str) -> Iterator[None]:
+        """The state counted by the attribute ``count`` holds within the block."""
         with self._lock:
             self._advance(self._now())
-            self._blocked += 1
+            setattr(self, count, getattr(self, count) + 1)
         try:
             yield
         finally:
             with self._lock:
                 self._advance(self._now())
-                self._blocked -= 1
+                setattr(self, count, getattr(self, count) - 1)
 
     def end(self) -> None:
         """The iteration ended: the figures stop here."""
