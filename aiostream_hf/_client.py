@@ -176,7 +176,8 @@ class RequestSigner(Protocol):
 
     A signer may also have ``unreachable_hint``: the way out an ``UnreachableError`` of
     its endpoint gives (the S3 store names AWS_ENDPOINT_URL); without one, the error
-    names HF_ENDPOINT.
+    names HF_ENDPOINT. And ``identity``: a hash of whose credentials it signs with,
+    which keys the byte cache's blocks of the store's objects.
     """
 
     async def sign(self, request: httpx2.Request) -> None: ...

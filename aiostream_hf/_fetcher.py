@@ -374,11 +374,19 @@ class RangeFetcher:
         with stage_network():
             return await self._byte_cache.read(
                 file,
-                self._route_scope,
+                await self._cache_scope(file),
                 spans,
                 functools.partial(self._fetch_parts, file),
                 max_request=max_size,
             )
+
+    async def _cache_scope(self, file: FileRef) -> str:
+        """Whose credentials read ``file``, for the byte cache's keys: the Hub token's
+        hash, and a store's signer's ``identity`` (an S3 access key's hash) for an object
+        of a bucket store: bytes read with one identity are never served to another."""
+        signer = await self._signer(file)
+        identity = getattr(signer, "identity", None)
+        return self._route_scope if identity is None else f"{self._route_scope}:{identity}"
 
     async def read_tail(
         self, file: FileRef, n: int, *, part_size: int | None = None
@@ -720,7 +728,7 @@ class _CachedChunks:
             with stage_network():
                 views = await cache.read_blocks(
                     self._file,
-                    self._fetcher._route_scope,
+                    await self._fetcher._cache_scope(self._file),
                     self._pos,
                     end,
                     functools.partial(self._fetcher._fetch_parts, self._file),

@@ -632,3 +632,19 @@ def test_the_cli_ls_names_the_keys_a_brace_pattern_misses(store: Any, local: Pat
     ]
     assert listed.stderr.startswith("Error: 2 of the 5 files that ")
     assert "missing (not in the bucket): train-000003.tar, train-000004.tar" in listed.stderr
+
+
+async def test_the_byte_cache_keeps_objects_per_identity(
+    store: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A bucket's objects through the byte cache: a second read gets nothing from the
+    store; another identity (other credentials) gets none of the first one's blocks."""
+    options = ash.StreamOptions(cache_dir=tmp_path / "cache", byte_cache_bytes=1 << 30)
+    rows = await _collect(ash.stream("s3://data/parquet/*.parquet", options=options))
+    first = store.server.stats().get("get", 0)
+    assert first > 0
+    assert await _collect(ash.stream("s3://data/parquet/*.parquet", options=options)) == rows
+    assert store.server.stats().get("get", 0) == first  # the blocks, from disk
+    store.env(monkeypatch, tmp_path, store.admin)  # another identity
+    assert await _collect(ash.stream("s3://data/parquet/*.parquet", options=options)) == rows
+    assert store.server.stats().get("get", 0) > first  # fetched again, kept apart
