@@ -1,0 +1,100 @@
+"""Bytes a shuffled LeRobot epoch fetches, with and without the byte cache (issue 33,
+line 6: at most 1.2x the files' size).
+
+    .venv/bin/python benchmarks/lerobot_shuffled_bytes.py
+        [--out results/checks/lerobot_shuffled_bytes.json]
+
+A LeRobot v3.0 dataset (4 episodes in one video file per camera, 640x480 AV1, LeRobot's
+own encoding settings) on a local Hub server, every file through its CDN so that the
+server counts each byte served. One whole epoch, shuffled (``shuffle=True``), with
+``delta_timestamps`` of two frames per camera: the bytes served, against the dataset's
+files' size, without the cache and with it (a fresh cache folder: the epoch fills it).
+Bytes are counted, not timed: one run is the record.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+import _harness  # noqa: E402
+
+import aiostream_hf as ash  # noqa: E402
+from aiostream_hf.testing import HubServer, make_lerobot_dataset  # noqa: E402
+
+REPO = "bench/robot"
+
+
+def _epoch(hub: HubServer, options: ash.StreamOptions, keys: tuple[str, ...]) -> dict[str, Any]:
+    before = hub.stats()
+    s = ash.lerobot.stream(
+        f"hf://datasets/{REPO}",
+        endpoint=hub.endpoint,
+        options=options,
+        shuffle=True,
+        delta_timestamps={k: [-0.1, 0.0] for k in keys},
+    )
+    with s:
+        items = sum(1 for _ in s)
+    after = hub.stats()
+    st = s.statistics()
+    return {
+        "items": items,
+        "bytes_served": after.bytes_served - before.bytes_served,
+        "cdn_requests": after.by_bucket.get("cdn", 0) - before.by_bucket.get("cdn", 0),
+        "byte_cache": dict(st.fetcher.get("byte_cache", {})),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument(
+        "--out", type=Path, default=HERE / "results" / "checks" / "lerobot_shuffled_bytes.json"
+    )
+    args = p.parse_args(argv)
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp) / "hub"
+        layout = make_lerobot_dataset(root, REPO, episodes=4)
+        files = sum(f.stat().st_size for f in layout.path.rglob("*") if f.is_file())
+        videos = sum(f.stat().st_size for f in (layout.path / "videos").rglob("*.mp4"))
+        with HubServer(root, lfs_threshold=0) as hub:
+            plain = _epoch(hub, ash.StreamOptions(cache_dir=Path(tmp) / "plain"), layout.video_keys)
+            cached_options = ash.StreamOptions(
+                cache_dir=Path(tmp) / "cached", byte_cache_bytes=1 << 30
+            )
+            cached = _epoch(hub, cached_options, layout.video_keys)
+            again = _epoch(hub, cached_options, layout.video_keys)
+    record = {
+        "environment": _harness.environment(["aiostream-hf", "av"]),
+        "dataset": {
+            "episodes": len(layout.episodes),
+            "frames": layout.total_frames,
+            "cameras": list(layout.video_keys),
+            "files_bytes": files,
+            "video_bytes": videos,
+        },
+        "without_cache": {**plain, "ratio_to_files": plain["bytes_served"] / files},
+        "with_cache_first_epoch": {**cached, "ratio_to_files": cached["bytes_served"] / files},
+        "with_cache_second_epoch": {**again, "ratio_to_files": again["bytes_served"] / files},
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(record, indent=2) + "\n")
+    for key in ("without_cache", "with_cache_first_epoch", "with_cache_second_epoch"):
+        r = record[key]
+        print(
+            f"{key}: {r['items']} items, {r['bytes_served']:,} bytes served "
+            f"({r['ratio_to_files']:.2f}x the files' {files:,}), {r['cdn_requests']} CDN requests"
+        )
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
