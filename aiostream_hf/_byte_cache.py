@@ -30,10 +30,13 @@ missing; another process waiting on those locks then finds the blocks on disk. A
 not had within the options' ``timeout`` is given up: the bytes are fetched without
 the cache. Tasks of one process wanting the same block wait for the one fetching it.
 
+A cache also holds the last ``_RECENT_BLOCKS`` blocks it read in memory (8 MiB): a
+file's next read often begins in the block the last one ended in.
+
 The blocks held are kept under ``limit`` bytes: a process that wrote more than a
 sixteenth of the limit since its last look counts the folder, and evicts the blocks
-least recently used (their modification time is set at each hit) down to seven
-eighths of the limit, one process at a time (``evict.lock``).
+least recently used (a hit sets a block's modification time, at most once a minute)
+down to seven eighths of the limit, one process at a time (``evict.lock``).
 """
 
 from __future__ import annotations
@@ -71,6 +74,12 @@ _FOLDER_MODE = 0o700
 _FILE_MODE = 0o600
 _TMP_SUFFIX = ".tmp"
 _STALE_TMP_S = 600.0  # a temporary file this old is a killed writer's
+#: A block read is marked used (its modification time set) once this many seconds have
+#: passed since the last mark: the LRU order is kept to that precision, without a
+#: metadata write per read.
+_TOUCH_EVERY_S = 60.0
+#: Blocks read last that a cache keeps in memory (a file's next read often needs one).
+_RECENT_BLOCKS = 8
 
 Fetch = Callable[[list[tuple[int, int]]], Awaitable[Sequence[Any]]]
 
@@ -149,6 +158,8 @@ class ByteCache:
         self._warned_write = False
         # blocks being fetched by a task of this process: others wait on its event
         self._fetching: dict[str, anyio.Event] = {}
+        # the blocks read last (on the event loop only): (buffer, the part it holds)
+        self._recent: OrderedDict[str, tuple[Any, int, int]] = OrderedDict()
 
     def statistics(self) -> ByteCacheStatistics:
         return ByteCacheStatistics(**self._counts)
@@ -261,10 +272,18 @@ class ByteCache:
                 if event is not None and i not in got:
                     await event.wait()
                     self._counts["waited"] += 1
-            todo: list[tuple[int, str, tuple[int, int] | None]] = [
-                (i, keys[i], needs[i]) for i in wanted if i not in got
-            ]
-            got.update(await anyio.to_thread.run_sync(self._load_many, file, todo))
+            todo: list[tuple[int, str, tuple[int, int] | None]] = []
+            for i in wanted:
+                if i not in got:
+                    held = self._recent_block(keys[i], needs[i])
+                    if held is None:
+                        todo.append((i, keys[i], needs[i]))
+                    else:
+                        got[i] = held
+            loaded = await anyio.to_thread.run_sync(self._load_many, file, todo)
+            for i, data in loaded.items():
+                self._keep_recent(keys[i], data, needs[i])
+            got.update(loaded)
             missing = [i for i in wanted if i not in got]
             if not missing:
                 return got
@@ -274,12 +293,31 @@ class ByteCache:
             events = {keys[i]: anyio.Event() for i in missing}
             self._fetching.update(events)
             try:
-                got.update(await self._fetch_missing(file, keys, missing, fetch, max_request))
+                fetched = await self._fetch_missing(file, keys, missing, fetch, max_request)
+                for i, data in fetched.items():
+                    self._keep_recent(keys[i], data, (0, len(data)))
+                got.update(fetched)
             finally:
                 for key, event in events.items():
                     del self._fetching[key]
                     event.set()
             return got
+
+    def _recent_block(self, key: str, need: tuple[int, int]) -> Any:
+        """A block this cache read lately that holds ``need`` (the next row group of a
+        file often begins in the block the last one ended in), else None."""
+        held = self._recent.get(key)
+        if held is None or not (held[1] <= need[0] and need[1] <= held[2]):
+            return None
+        self._recent.move_to_end(key)
+        self._counts["hits"] += 1
+        return held[0]
+
+    def _keep_recent(self, key: str, data: Any, part: tuple[int, int]) -> None:
+        self._recent[key] = (data, *part)
+        self._recent.move_to_end(key)
+        while len(self._recent) > _RECENT_BLOCKS:
+            self._recent.popitem(last=False)
 
     async def _fetch_missing(
         self,
@@ -418,8 +456,11 @@ class ByteCache:
             with contextlib.suppress(OSError):
                 path.unlink()
             return None
-        with contextlib.suppress(OSError):
-            os.utime(path)  # recently used: evicted last
+        if time.time() - st.st_mtime > _TOUCH_EVERY_S:  # recently used: evicted last
+            with contextlib.suppress(OSError):
+                os.utime(path)
+                now = os.stat(path)  # still the block checked: it stays checked
+                _verified.add((str(path), now.st_ino, now.st_size, now.st_mtime_ns))
         self._counts["hits"] += 1
         self._counts["bytes_read"] += length if need is None or not checked else need[1] - need[0]
         return payload
