@@ -329,8 +329,19 @@ class ByteCache:
     ) -> dict[int, bytes]:
         """Fetch the ``missing`` blocks under their locks (what another process wrote
         meanwhile is read instead), and keep them."""
-        locks = [filelock.FileLock(self._path(keys[i], "locks", ".lock")) for i in missing]
-        held = await anyio.to_thread.run_sync(self._lock_all, locks)
+        # Taken in one worker thread, released in another: not thread-local (a thread-local
+        # lock released from another thread stays held until it is garbage collected).
+        locks = [
+            filelock.FileLock(self._path(keys[i], "locks", ".lock"), thread_local=False)
+            for i in missing
+        ]
+        try:
+            held = await anyio.to_thread.run_sync(self._lock_all, locks)
+        except BaseException:
+            # Cancelled while the thread took them: the thread ends first, and its
+            # answer is lost; the locks it took are released here, not left held.
+            self._unlock_all(locks)
+            raise
         try:
             if held:
                 found = await anyio.to_thread.run_sync(
@@ -514,7 +525,7 @@ class ByteCache:
     def evict(self) -> None:
         """Keep the blocks under the limit: the least recently used go first, down to
         seven eighths of it. One process at a time; a pass another runs is enough."""
-        lock = filelock.FileLock(self.folder / "evict.lock")
+        lock = filelock.FileLock(self.folder / "evict.lock", thread_local=False)
         try:
             lock.acquire(timeout=0)
         except filelock.Timeout:

@@ -296,3 +296,44 @@ async def test_spans_across_blocks_are_cut_and_joined_exactly(tmp_path: Path) ->
             assert s % 1000 == 0
             assert e - s <= 2500 or e - s == 1000  # whole blocks, at most max_request
     assert cache.statistics().misses == 10  # every block fetched once
+
+
+async def test_a_read_cancelled_while_taking_its_locks_leaves_none_held(tmp_path: Path) -> None:
+    """The locks are taken in a worker thread that a cancellation waits for: its answer
+    is lost, so the locks it took must be released by the cancelled read itself."""
+    import anyio
+    import anyio.from_thread
+    import filelock
+
+    cache = ByteCache(tmp_path, 1 << 20, block=1000)
+    file = FileRef("mem://f", "f", size=3000, etag="v1")
+    taken = anyio.Event()
+    original = cache._lock_all
+    kept: list[list[filelock.FileLock]] = []  # alive: their finalizer would release them
+
+    def lock_all(locks: list[filelock.FileLock]) -> bool:
+        kept.append(locks)
+        held = original(locks)
+        anyio.from_thread.run_sync(taken.set)
+        time.sleep(0.2)  # cancelled meanwhile: the thread ends, its answer is dropped
+        return held
+
+    cache._lock_all = lock_all  # type: ignore[method-assign]
+
+    async def fetch(ranges: list[tuple[int, int]]) -> Sequence[bytes]:
+        raise AssertionError("not reached: the read was cancelled before its fetch")
+
+    with anyio.CancelScope() as scope:
+        async with anyio.create_task_group() as tg:
+
+            async def cancel_when_taken() -> None:
+                await taken.wait()
+                scope.cancel()
+
+            tg.start_soon(cancel_when_taken)
+            await cache.read(file, "s", [(0, 3000)], fetch, max_request=3000)
+    assert scope.cancelled_caught
+    for i in range(3):
+        lock = filelock.FileLock(cache._path(cache._key(file, "s", i), "locks", ".lock"))
+        lock.acquire(timeout=0)  # free: no lock was left held
+        lock.release()
