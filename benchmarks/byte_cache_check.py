@@ -103,12 +103,12 @@ def main(argv: list[str] | None = None) -> int:
             kw = {"parquet": {"output": "arrow"}, "webdataset": {"split": "train"}}
             cold: dict[str, Any] = {}
             for name, src in sources.items():
-                before = hub.stats().bytes_served
+                before = hub.wait_idle().bytes_served
                 n, sec, cache = _stream(src, endpoint=hub.endpoint, options=options, **kw[name])
                 cold[name] = {
                     "samples": n,
                     "seconds": sec,
-                    "bytes_served": hub.stats().bytes_served - before,
+                    "bytes_served": hub.wait_idle().bytes_served - before,
                     "files_bytes": sizes[name],
                     "byte_cache": cache,
                 }
@@ -120,12 +120,12 @@ def main(argv: list[str] | None = None) -> int:
                     if r % 2:
                         contenders.reverse()
                     for who in contenders:
-                        before = hub.stats()
+                        before = hub.wait_idle()
                         if who == "cache":
                             n, sec, cache = _stream(
                                 src, endpoint=hub.endpoint, options=options, **kw[name]
                             )
-                            after = hub.stats()
+                            after = hub.wait_idle()
                             result[f"{name}-cdn-requests"] = after.by_bucket.get(
                                 "cdn", 0
                             ) - before.by_bucket.get("cdn", 0)

@@ -33,7 +33,7 @@ REPO = "bench/robot"
 
 
 def _epoch(hub: HubServer, options: ash.StreamOptions, keys: tuple[str, ...]) -> dict[str, Any]:
-    before = hub.stats()
+    before = hub.wait_idle()
     s = ash.lerobot.stream(
         f"hf://datasets/{REPO}",
         endpoint=hub.endpoint,
@@ -43,7 +43,7 @@ def _epoch(hub: HubServer, options: ash.StreamOptions, keys: tuple[str, ...]) ->
     )
     with s:
         items = sum(1 for _ in s)
-    after = hub.stats()
+    after = hub.wait_idle()
     st = s.statistics()
     return {
         "items": items,

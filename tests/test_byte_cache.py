@@ -78,7 +78,7 @@ async def _rows(source: str, hub: HubServer, options: ash.StreamOptions, **kw: A
 
 
 def _served(hub: HubServer) -> tuple[int, int]:
-    stats = hub.stats()
+    stats = hub.wait_idle()  # a response's last MiB is counted once it was sent
     return stats.by_bucket.get("cdn", 0), stats.bytes_served
 
 

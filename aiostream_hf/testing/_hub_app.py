@@ -158,7 +158,7 @@ class HubApp:
         if path.startswith("/_emulator/"):
             body = await _read_body(receive)
             response = self._control(method, path, body)
-            await self._send(send, receive, method, response, FaultDecision())
+            await _send_uncounted(send, response)  # the control channel is not traffic
             return
 
         is_cdn = scope["server"] is not None and scope["server"][1] == self.cdn_port
@@ -797,3 +797,15 @@ def _split_revision(parts: Sequence[str]) -> tuple[str, list[str]]:
     else:
         rev, rest = first, list(parts[1:])
     return rev.removeprefix("refs/heads/"), rest
+
+
+async def _send_uncounted(send: Send, response: _Response) -> None:
+    headers = {**response.headers, "Content-Length": str(len(response.body))}
+    await send(
+        {
+            "type": "http.response.start",
+            "status": response.status,
+            "headers": [(k.lower().encode(), v.encode("latin-1")) for k, v in headers.items()],
+        }
+    )
+    await send({"type": "http.response.body", "body": response.body})

@@ -19,6 +19,7 @@ import socket
 import subprocess as sp
 import sys
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -273,6 +274,24 @@ class HubServer:
         if self._app is not None:
             return self._app.counters.snapshot()
         return HubStats.from_json(self._control("GET", "stats"))
+
+    def wait_idle(self, timeout: float = 10.0) -> HubStats:
+        """The stats once no request is under way.
+
+        The server counts a response's bytes as it sends them, so a client can finish
+        reading one before its last bytes are counted: read the counts here, not with
+        ``stats()``, when a test compares them right after a stream ends."""
+        deadline = time.monotonic() + timeout
+        while True:
+            stats = self.stats()
+            if stats.in_flight == 0:
+                return stats
+            if time.monotonic() > deadline:
+                raise HubServerError(
+                    f"{stats.in_flight} requests still under way after {timeout} s: "
+                    "close every stream and response before waiting for the server"
+                )
+            time.sleep(0.005)
 
     def reset_stats(self) -> None:
         self._require_running()

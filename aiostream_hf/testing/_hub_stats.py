@@ -36,6 +36,9 @@ class HubStats:
     # "hub GET /raw/path" or "cdn GET /raw/path" (as sent, query cut) of the latest
     # MAX_PATHS_KEPT requests, oldest first: where a client went
     paths: tuple[str, ...] = ()
+    # requests under way at the snapshot: a response's last bytes are counted once its
+    # client may already have read them (``HubServer.wait_idle`` waits for 0)
+    in_flight: int = 0
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -50,6 +53,7 @@ class HubStats:
             "connections": self.connections,
             "cdn_authorized": self.cdn_authorized,
             "paths": list(self.paths),
+            "in_flight": self.in_flight,
         }
 
     @classmethod
@@ -66,6 +70,7 @@ class HubStats:
             connections=data.get("connections", 0),
             cdn_authorized=data.get("cdn_authorized", 0),
             paths=tuple(data.get("paths", ())),
+            in_flight=data.get("in_flight", 0),
         )
 
 
@@ -105,4 +110,5 @@ class _Counters:
                 len(self.peers),
                 self.cdn_authorized,
                 tuple(self.paths),
+                self.concurrent,
             )

@@ -413,6 +413,30 @@ def test_bandwidth_caps_and_slow_first_byte_keep_bytes_exact(root: Path, blob_re
     assert stats.faults["slow_first_byte"] == 1
 
 
+@pytest.mark.parametrize("subprocess_mode", [False, True])
+def test_wait_idle_counts_a_response_once_it_is_done(
+    root: Path, blob_repo: bytes, subprocess_mode: bool
+) -> None:
+    slow = Faults(bandwidth_per_connection=4e6, targets=("cdn",))  # 3 MB: under way 0.75 s
+    with (
+        HubServer(root, subprocess=subprocess_mode, faults=slow) as hub,
+        httpx2.Client() as client,
+    ):
+        url = hub.url("org/blobs", "data/blob.parquet")
+        cdn = client.get(url).headers["location"]
+        with client.stream("GET", cdn) as response:
+            chunks = response.iter_bytes(1024)
+            body = next(chunks)  # the server is still sending the rest
+            assert hub.stats().in_flight == 1
+            with pytest.raises(HubServerError, match="1 requests still under way after 0.2 s"):
+                hub.wait_idle(timeout=0.2)
+            body += b"".join(chunks)
+        stats = hub.wait_idle()
+    assert body == blob_repo
+    assert stats.in_flight == 0
+    assert stats.bytes_served == len(blob_repo)
+
+
 def test_set_faults_while_running(root: Path, blob_repo: bytes) -> None:
     with HubServer(root) as hub, httpx2.Client() as client:
         assert client.get(hub.url("org/blobs", "README.md")).status_code == 200
