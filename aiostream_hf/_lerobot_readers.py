@@ -12,6 +12,7 @@ from dataclasses import fields
 import anyio
 
 from ._exceptions import ClosedResourceError
+from ._kept_bytes import KeptBytes
 from ._models import FileRef
 from ._options import StreamOptions
 from .formats import ByteSource
@@ -105,7 +106,9 @@ class _ReaderPool:
     def __init__(
         self, source: ByteSource, limit: int, options: StreamOptions | None = None
     ) -> None:
-        self._source = source
+        keep = 0 if options is None else options.kept_video_bytes
+        self._kept = KeptBytes(source, keep) if keep else None
+        self._source: ByteSource = source if self._kept is None else self._kept
         self._options = options  # the stream's: its max_whole_video_bytes
         self._limit = limit
         self._entries: OrderedDict[str, _Entry] = OrderedDict()
@@ -118,6 +121,8 @@ class _ReaderPool:
     def counts(self) -> dict[str, int]:
         """Readers opened and evicted, and the summed statistics of every reader."""
         counts = {**self._closed_counts, "opened": self.opened, "evicted": self.evicted}
+        if self._kept is not None:
+            counts["bytes_reused"] = self._kept.reused
         for entry in self._entries.values():
             if entry.ready.is_set() and not entry.failed:
                 _add_counts(counts, entry.reader.statistics())

@@ -24,6 +24,7 @@ _COUNTS = {
     "prefetch_bytes": 1,
     "prefetch_count": 1,
     "max_whole_video_bytes": 1,
+    "kept_video_bytes": 0,
     "coalesce_gap": 0,
     "max_retries": 0,
     "rate_limit_reserve": 0,
@@ -86,6 +87,10 @@ class StreamOptions:
         take), which FFmpeg demuxes: the largest read whole and held for the reader's
         life. A larger one is read by range in bounded blocks, each pass of FFmpeg over
         it fetching at most this many bytes, else ``DecodeError`` naming the file.
+    kept_video_bytes: a LeRobot stream keeps the video bytes it fetched, up to this
+        many (the least recently used dropped first), and cuts later reads of them from
+        there: a shuffled epoch's items want the bytes that earlier batches' joined
+        reads brought (0: off). See ``_kept_bytes``.
 
     How ``s3://`` sources are reached (the ``s3`` extra; see docs/object-stores.md). Each
     defaults to the standard AWS variables and config files, as boto3 reads them:
@@ -122,6 +127,7 @@ class StreamOptions:
     byte_cache_dir: Path | None = None
     verify_checksums: bool = True
     max_whole_video_bytes: int = 1024 * _MiB
+    kept_video_bytes: int = 64 * _MiB
     s3_endpoint_url: str | None = None
     s3_region: str | None = None
     s3_anonymous: bool = False

@@ -139,7 +139,9 @@ class LeRobotStatistics(EngineStatistics):
     videos_opened / videos_evicted: VideoReaders opened, and closed to stay within
         ``max_open_videos``.
     video: the summed ``VideoStatistics`` counters of every reader (index and frame
-        requests and bytes, packets decoded, decoder starts and reuses).
+        requests and bytes, packets decoded, decoder starts and reuses), and
+        ``bytes_reused``: frame and index bytes cut from the video bytes the stream kept
+        (``StreamOptions.kept_video_bytes``), not fetched.
     fetcher / resolver / client / max_prefetched...: as every stream (``EngineStatistics``).
     """
 

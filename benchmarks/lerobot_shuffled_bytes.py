@@ -9,6 +9,12 @@ own encoding settings) on a local Hub server, every file through its CDN so that
 server counts each byte served. One whole epoch, shuffled (``shuffle=True``), with
 ``delta_timestamps`` of two frames per camera: the bytes served, against the dataset's
 files' size, without the cache and with it (a fresh cache folder: the epoch fills it).
+Without the cache, the stream keeps the video bytes it fetched in memory
+(``kept_video_bytes``, 64 MiB by default); the epoch is also read with nothing kept (the
+behaviour before it) and with 1 MiB kept, less than the buffer's items span. Then a
+longer dataset (16 episodes, 14.5 MB of video) with a buffer of 128 items, with nothing,
+8 MiB and the default kept: the buffer's draws leave stragglers of many episodes back,
+whose reads the kept bytes must still hold.
 Bytes are counted, not timed: one run is the record.
 """
 
@@ -30,15 +36,25 @@ import aiostream_hf as ash  # noqa: E402
 from aiostream_hf.testing import HubServer, make_lerobot_dataset  # noqa: E402
 
 REPO = "bench/robot"
+LONGER = "bench/robot-16"
+# a limit on the bytes kept in memory below what the shuffle buffer's items span (here
+# every item: the buffer of 1,000 holds the whole epoch), to show what it costs then
+SMALL_KEPT = 1 << 20
 
 
-def _epoch(hub: HubServer, options: ash.StreamOptions, keys: tuple[str, ...]) -> dict[str, Any]:
+def _epoch(
+    hub: HubServer,
+    options: ash.StreamOptions,
+    keys: tuple[str, ...],
+    repo: str = REPO,
+    shuffle: bool | int = True,
+) -> dict[str, Any]:
     before = hub.wait_idle()
     s = ash.lerobot.stream(
-        f"hf://datasets/{REPO}",
+        f"hf://datasets/{repo}",
         endpoint=hub.endpoint,
         options=options,
-        shuffle=True,
+        shuffle=shuffle,
         delta_timestamps={k: [-0.1, 0.0] for k in keys},
     )
     with s:
@@ -50,7 +66,22 @@ def _epoch(hub: HubServer, options: ash.StreamOptions, keys: tuple[str, ...]) ->
         "bytes_served": after.bytes_served - before.bytes_served,
         "cdn_requests": after.by_bucket.get("cdn", 0) - before.by_bucket.get("cdn", 0),
         "byte_cache": dict(st.fetcher.get("byte_cache", {})),
+        "bytes_reused": st.video.get("bytes_reused", 0),
     }
+
+
+def _longer(root: Path, tmp: Path) -> dict[str, Any]:
+    """16 episodes (14.5 MB of video), a buffer of 128 items (two episodes' worth), and
+    the kept bytes at nothing, 8 MiB (about half the video) and the default."""
+    layout = make_lerobot_dataset(root, LONGER, episodes=[64] * 16)
+    files = sum(f.stat().st_size for f in layout.path.rglob("*") if f.is_file())
+    runs: dict[str, Any] = {"files_bytes": files, "episodes": 16, "frames": 1024, "shuffle": 128}
+    with HubServer(root, lfs_threshold=0) as hub:
+        for kept in (0, 8 << 20, ash.StreamOptions().kept_video_bytes):
+            options = ash.StreamOptions(cache_dir=tmp / "longer", kept_video_bytes=kept)
+            r = _epoch(hub, options, layout.video_keys, LONGER, 128)
+            runs[f"kept_{kept}"] = {**r, "ratio_to_files": r["bytes_served"] / files}
+    return runs
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -66,6 +97,16 @@ def main(argv: list[str] | None = None) -> int:
         videos = sum(f.stat().st_size for f in (layout.path / "videos").rglob("*.mp4"))
         with HubServer(root, lfs_threshold=0) as hub:
             plain = _epoch(hub, ash.StreamOptions(cache_dir=Path(tmp) / "plain"), layout.video_keys)
+            nothing_kept = _epoch(
+                hub,
+                ash.StreamOptions(cache_dir=Path(tmp) / "plain", kept_video_bytes=0),
+                layout.video_keys,
+            )
+            small_kept = _epoch(
+                hub,
+                ash.StreamOptions(cache_dir=Path(tmp) / "plain", kept_video_bytes=SMALL_KEPT),
+                layout.video_keys,
+            )
             cached_options = ash.StreamOptions(
                 cache_dir=Path(tmp) / "cached", byte_cache_bytes=1 << 30
             )
@@ -80,18 +121,45 @@ def main(argv: list[str] | None = None) -> int:
             "files_bytes": files,
             "video_bytes": videos,
         },
+        "kept_video_bytes_default": ash.StreamOptions().kept_video_bytes,
         "without_cache": {**plain, "ratio_to_files": plain["bytes_served"] / files},
+        "without_cache_nothing_kept": {
+            **nothing_kept,
+            "kept_video_bytes": 0,
+            "ratio_to_files": nothing_kept["bytes_served"] / files,
+        },
+        "without_cache_small_kept": {
+            **small_kept,
+            "kept_video_bytes": SMALL_KEPT,
+            "ratio_to_files": small_kept["bytes_served"] / files,
+        },
         "with_cache_first_epoch": {**cached, "ratio_to_files": cached["bytes_served"] / files},
         "with_cache_second_epoch": {**again, "ratio_to_files": again["bytes_served"] / files},
     }
+    with tempfile.TemporaryDirectory() as tmp:
+        record["longer"] = _longer(Path(tmp) / "hub", Path(tmp))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(record, indent=2) + "\n")
-    for key in ("without_cache", "with_cache_first_epoch", "with_cache_second_epoch"):
+    for key in (
+        "without_cache",
+        "without_cache_nothing_kept",
+        "without_cache_small_kept",
+        "with_cache_first_epoch",
+        "with_cache_second_epoch",
+    ):
         r = record[key]
         print(
             f"{key}: {r['items']} items, {r['bytes_served']:,} bytes served "
             f"({r['ratio_to_files']:.2f}x the files' {files:,}), {r['cdn_requests']} CDN requests"
         )
+    longer = record["longer"]
+    for key, r in longer.items():
+        if key.startswith("kept_"):
+            print(
+                f"16 episodes, buffer 128, {key}: {r['bytes_served']:,} bytes served "
+                f"({r['ratio_to_files']:.2f}x the files' {longer['files_bytes']:,}), "
+                f"{r['cdn_requests']} CDN requests"
+            )
     print(f"wrote {args.out}")
     return 0
 

@@ -37,6 +37,7 @@ BAD: dict[str, list[Any]] = {
     "prefetch_bytes": [*COUNT, 0],
     "prefetch_count": [*COUNT, 0],
     "max_whole_video_bytes": [*COUNT, 0],
+    "kept_video_bytes": COUNT,
     "max_retries": COUNT,
     "backoff_base": SECONDS,
     "backoff_max": [*SECONDS, 0],
