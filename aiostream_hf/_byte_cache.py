@@ -196,7 +196,7 @@ class ByteCache:
         out: list[bytes | memoryview] = []
         for (s, e), got in zip(spans, direct, strict=True):
             if got is not None:
-                out.append(got)
+                out.append(memoryview(got))
                 continue
             if e <= s:
                 out.append(b"")
