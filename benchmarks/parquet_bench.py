@@ -88,6 +88,20 @@ RATIOS = [  # (workload, numerator, denominator, target)
     ("image", "aiostream-rows", "datasets-default", 2.0),
     ("image", "aiostream-rows", "datasets-tuned", 2.0),
 ]
+# --pin (issue 33, line 4): the Hub server on a core of its own, every contender (local
+# reads too) on the other; Arrow via the Hub against the fastest local read on that core.
+PINNED_CONTENDERS = [
+    "aiostream-arrow",
+    "pyarrow-local",
+    "pyarrow-read-table",
+    "pyarrow-dataset",
+    "aiostream-arrow-local",  # the same engine on the same files on local disk
+]
+PINNED_RATIOS = [
+    ("text", "aiostream-arrow", FASTEST_LOCAL, 0.9),
+    ("text", "aiostream-arrow-local", FASTEST_LOCAL, 0.9),
+]
+SERVER_CPU, CONTENDER_CPU = 0, 1
 #: raw-gets: the same bytes fetched with plain parallel range GETs (httpx2, this many in
 #: flight, ranges of RAW_GET_RANGE bytes), decoded by nobody: the network's ceiling.
 RAW_GETS_IN_FLIGHT = 8
@@ -131,7 +145,8 @@ def _touch_image(row: dict[str, Any]) -> int:
 
 
 def _worker(spec: dict[str, Any]) -> dict[str, Any]:
-
+    if spec.get("cpus"):  # --pin: before any thread starts, so that every one inherits it
+        os.sched_setaffinity(0, spec["cpus"])
     before = set(sys.modules)
     preimported = _harness.preimport(spec.get("preimport", []))
     contender = spec["contender"]
@@ -146,20 +161,19 @@ def _worker(spec: dict[str, Any]) -> dict[str, Any]:
 
         import aiostream_hf as ash
 
-        arrow = contender in ("aiostream-arrow", "aiostream-arrow-sync")
+        arrow = contender in ("aiostream-arrow", "aiostream-arrow-sync", "aiostream-arrow-local")
         options = ash.StreamOptions(cache_dir=Path(spec["cache_dir"]), **spec.get("options", {}))
+        # aiostream-arrow-local: the same engine on the same files on local disk
+        source: Any = f"hf://datasets/{spec['repo']}"
+        where: dict[str, Any] = {"split": "train", "endpoint": spec["endpoint"]}
+        if contender == "aiostream-arrow-local":
+            source, where = list(spec["local_files"]), {}
         t0 = time.perf_counter()
 
         def sync_run() -> tuple[int, int, float | None, Any]:
             n = t = 0
             ttf: float | None = None
-            s = ash.stream(
-                f"hf://datasets/{spec['repo']}",
-                split="train",
-                output="arrow" if arrow else "python",
-                options=options,
-                endpoint=spec["endpoint"],
-            )
+            s = ash.stream(source, output="arrow" if arrow else "python", options=options, **where)
             with s:
                 for item in s:
                     if ttf is None:
@@ -174,13 +188,7 @@ def _worker(spec: dict[str, Any]) -> dict[str, Any]:
         async def run() -> tuple[int, int, float | None, Any]:
             n = t = 0
             ttf: float | None = None
-            s = ash.stream(
-                f"hf://datasets/{spec['repo']}",
-                split="train",
-                output="arrow" if arrow else "python",
-                options=options,
-                endpoint=spec["endpoint"],
-            )
+            s = ash.stream(source, output="arrow" if arrow else "python", options=options, **where)
             async with s:
                 if arrow:
                     async for batch in s:
@@ -472,8 +480,10 @@ def _run_contender(
     timeout: float = 1800.0,
     idle: tuple[float, float] | None = None,
     preimport: list[str] | None = None,
+    cpus: list[int] | None = None,
 ) -> dict[str, Any]:
     """One pass of one contender in a fresh process; RSS polled, server stats read.
+    ``cpus``: the CPUs the contender runs on (``--pin``), else any.
 
     ``idle`` = (max busy CPUs, max wait s): first wait until the rest of the
     machine is that quiet (shared machines), for at most that long. ``preimport``: the
@@ -495,6 +505,7 @@ def _run_contender(
             "rows": stamp["rows"],
             "options": options or {},
             "preimport": preimport or [],
+            "cpus": cpus,
             "result_path": str(tmp / "result.json"),
         }
         hub.reset_stats()
@@ -641,9 +652,12 @@ def _denominator(round_: dict[str, dict[str, Any]], den: str) -> float:
     return float(round_[den]["rows_per_s"])
 
 
-def _ratios(rounds_by_workload: dict[str, list[dict[str, dict[str, Any]]]]) -> list[dict[str, Any]]:
+def _ratios(
+    rounds_by_workload: dict[str, list[dict[str, dict[str, Any]]]],
+    ratios: list[tuple[str, str, str, float]],
+) -> list[dict[str, Any]]:
     out = []
-    for workload, num, den, target in RATIOS:
+    for workload, num, den, target in ratios:
         rounds = rounds_by_workload.get(workload, [])
         per_round = [
             r[num]["rows_per_s"] / _denominator(r, den)
@@ -751,6 +765,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workloads", default="text,image", help="comma-separated: text,image")
     p.add_argument("--contenders", default=None, help="comma-separated subset (default: all)")
     p.add_argument("--skip-rss", action="store_true", help="skip the ~3 GB peak-RSS check")
+    p.add_argument(
+        "--pin",
+        action="store_true",
+        help=f"the Hub server on CPU {SERVER_CPU}, every contender on CPU {CONTENDER_CPU}: "
+        "text Arrow contenders only, to results/parquet-pinned.json",
+    )
     _harness.add_quiet_options(p)
     p.add_argument("--data-dir", type=Path, default=HERE / ".data")
     p.add_argument("--out", type=Path, default=None, help="results JSON path")
@@ -779,9 +799,14 @@ def main(argv: list[str] | None = None) -> int:
     n_rounds = args.rounds if args.rounds is not None else (1 if args.quick else 7)
     workloads = [w.strip() for w in args.workloads.split(",") if w.strip()]
     only = set(args.contenders.split(",")) if args.contenders else None
+    name = "parquet-pinned" if args.pin else "parquet"
     out_path = args.out or HERE / "results" / (
-        "parquet-quick.json" if args.quick else "parquet.json"
+        f"{name}-quick.json" if args.quick else f"{name}.json"
     )
+    if args.pin:
+        if len(os.sched_getaffinity(0)) < 2:
+            raise SystemExit("parquet_bench --pin: needs 2 CPUs (one for the server)")
+        workloads, args.skip_rss = ["text"], True
     data_dir = args.data_dir.resolve() / profile_name
     log_dir = data_dir / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
@@ -807,6 +832,7 @@ def main(argv: list[str] | None = None) -> int:
         "first use included: the modules a contender imported in its warm-up run are "
         "imported before the clock in its measured runs (preimported, per run)",
         **quiet,
+        "pinned": {"server": SERVER_CPU, "contenders": CONTENDER_CPU} if args.pin else None,
         "rss_prefetch_bytes": RSS_PREFETCH_BYTES,
         "rss_limit": RSS_PREFETCH_BYTES + RSS_ALLOWANCE,
     }
@@ -830,6 +856,10 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     hub_root = data_dir / "hub"
     with HubServer(hub_root, subprocess=True, faults=Faults(latency_ms=args.latency_ms)) as hub:
+        if args.pin:
+            server = _harness.server_process(hub)
+            for proc in [server, *server.children(recursive=True)]:
+                proc.cpu_affinity([SERVER_CPU])
         # The server hashes a repo's files on first sight (for its commit sha and
         # etags); do it now, not inside somebody's timed run.
         import httpx2
@@ -845,6 +875,8 @@ def main(argv: list[str] | None = None) -> int:
             stamp = stamps[workload]
             repo_root = hub_root / "datasets" / stamp["repo"]
             contenders = TEXT_CONTENDERS if workload == "text" else IMAGE_CONTENDERS
+            if args.pin:
+                contenders = PINNED_CONTENDERS
             if only:
                 contenders = [c for c in contenders if c in only]
             warmups: list[dict[str, dict[str, Any]]] = []
@@ -869,6 +901,7 @@ def main(argv: list[str] | None = None) -> int:
                         tag,
                         idle=idle,
                         preimport=preimports.get(c),
+                        cpus=[CONTENDER_CPU] if args.pin else None,
                     )
                     seen = r.pop("first_use_imports")
                     if warm:
@@ -942,7 +975,7 @@ def main(argv: list[str] | None = None) -> int:
                 )
             results["rss"] = _rss_entries(stamp, rss_runs, limit)
 
-    results["ratios"] = _ratios(rounds_by_workload)
+    results["ratios"] = _ratios(rounds_by_workload, PINNED_RATIOS if args.pin else RATIOS)
     results["duration_seconds"] = time.perf_counter() - started
 
     print()

@@ -32,6 +32,7 @@ import shortfalls  # noqa: E402  (benchmarks/shortfalls.py)
 
 SCRIPTS = {
     "parquet": "benchmarks/parquet_bench.py",
+    "parquet-pinned": "benchmarks/parquet_bench.py --pin",
     "webdataset": "benchmarks/webdataset_bench.py",
     "video": "benchmarks/video_bench.py",
     "startup": "benchmarks/startup_bench.py",

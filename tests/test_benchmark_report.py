@@ -262,6 +262,7 @@ def test_run_all_dry_run_lists_every_benchmark_then_the_report() -> None:
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines() == [
         "parquet: PY benchmarks/parquet_bench.py",
+        "parquet-pinned: PY benchmarks/parquet_bench.py --pin",
         "webdataset: PY benchmarks/webdataset_bench.py",
         "video: PY benchmarks/video_bench.py",
         "startup: PY benchmarks/startup_bench.py",
@@ -288,7 +289,7 @@ def test_run_all_rejects_an_unknown_name() -> None:
     proc = _run_all("--dry-run", "--only", "parquet,parqet")
     assert proc.returncode != 0
     assert "unknown benchmark 'parqet'" in proc.stderr
-    assert "parquet,webdataset,video,startup,ray,s3,quota" in proc.stderr
+    assert "parquet,parquet-pinned,webdataset,video,startup,ray,s3,quota" in proc.stderr
     assert proc.stdout == ""
 
 
@@ -329,6 +330,7 @@ def test_run_all_stops_at_the_first_failure(tmp_path: Path) -> None:
     assert log.read_text().splitlines() == [
         "-c import matplotlib",
         "benchmarks/parquet_bench.py --quick",
+        "benchmarks/parquet_bench.py --pin --quick",
         "benchmarks/webdataset_bench.py --quick",
     ]
     assert "== webdataset: FAILED (exit status 3)" in proc.stdout
