@@ -15,7 +15,7 @@ spans a few episodes, whose frames lie in the same stretch of each camera's file
 Without the kept bytes a shuffled epoch of 4 episodes fetched 12.8x its files' size;
 with 64 MiB kept, each byte once. They must hold more than the buffer's episodes: a
 buffer's random draws leave items of episodes long past, and 8 MiB of a 14.6 MB video
-still fetched 3.5x (``benchmarks/lerobot_shuffled_bytes.py``).
+still fetched 3.45x (``benchmarks/lerobot_shuffled_bytes.py``).
 
 Only the parts of a read not kept are fetched: a read of bytes 0-200 with 50-100 kept
 fetches 0-50 and 100-200 (one ``read_ranges`` call, or one streamed read each). Bytes

@@ -39,6 +39,8 @@ SCRIPTS = {
     "ray": "benchmarks/ray_bench.py",
     "s3": "benchmarks/s3_bench.py",
     "quota": "benchmarks/quota_bench.py",
+    "byte-cache": "benchmarks/byte_cache_check.py",
+    "lerobot-bytes": "benchmarks/lerobot_shuffled_bytes.py",
 }
 DEFAULT_DOCS = ROOT / "docs" / "benchmarks.md"
 DEFAULT_IMG_DIR = ROOT / "docs" / "img"

@@ -191,10 +191,30 @@ def _quota_epoch(data: Results, r: Ratio) -> str:
     )
 
 
+# -- lerobot-bytes ------------------------------------------------------------------------
+
+
+def _lerobot_bytes(data: Results, r: Ratio) -> str:
+    longer = data["longer"]
+    kept = int(r["workload"].split(", ")[-1].split(" MiB")[0]) << 20
+    run, default = longer[f"kept_{kept}"], longer[f"kept_{data['kept_video_bytes_default']}"]
+    return (
+        f"a shuffle buffer's random draws leave items of episodes long past, whose reads "
+        f"(joined up to coalesce_gap) were dropped from the {kept >> 20} MiB kept before "
+        f"those items came: {run['cdn_requests']} CDN requests fetched "
+        f"{run['bytes_served']:,} bytes of {longer['files_bytes']:,}, and "
+        f"{run['bytes_reused']:,} bytes were cut from what was kept. With the default "
+        f"{data['kept_video_bytes_default'] >> 20} MiB (more than the whole video) "
+        f"{default['cdn_requests']} requests fetched each byte once; with nothing kept "
+        f"{longer['kept_0']['cdn_requests']} fetched {longer['kept_0']['ratio_to_files']:.2f}x."
+    )
+
+
 # (benchmark, the label's start (its workload), the label's end (its ratio), explainer)
 _EXPLAINERS: list[tuple[str, str, str, Explainer]] = [
     ("parquet", "text:", "aiostream-arrow / fastest-local", _parquet_arrow_vs_local),
     ("video", "frames", "time aiostream / pyav-local", _frames_vs_local),
     ("video", "frames", "time download-decode / aiostream", _download_vs_frames),
     ("quota", "epoch:", "datasets / aiostream", _quota_epoch),
+    ("lerobot-bytes", "shuffled LeRobot epoch", "bytes served / files' bytes", _lerobot_bytes),
 ]

@@ -138,7 +138,10 @@ def test_chart_data_matches_json(path: Path) -> None:
     cd = report.chart_data(name, data)
     assert cd.benchmark == name
 
-    groups = data.get("workloads") or data["modes"]
+    # byte-cache and lerobot-bytes record ratios only (counted figures, no per-contender
+    # summaries): no panel, only the ratios' chart
+    groups = data.get("workloads") or data.get("modes") or {}
+    assert len(cd.ratios) == len(data["ratios"])
     metric_panels = {p.workload: p for p in cd.panels if not p.metric.endswith("_at_first_batch")}
     assert set(metric_panels) == set(groups)
     for workload, w in groups.items():
@@ -269,6 +272,8 @@ def test_run_all_dry_run_lists_every_benchmark_then_the_report() -> None:
         "ray: PY benchmarks/ray_bench.py",
         "s3: PY benchmarks/s3_bench.py",
         "quota: PY benchmarks/quota_bench.py",
+        "byte-cache: PY benchmarks/byte_cache_check.py",
+        "lerobot-bytes: PY benchmarks/lerobot_shuffled_bytes.py",
         "report: PY benchmarks/report.py",
     ]
 
@@ -289,7 +294,10 @@ def test_run_all_rejects_an_unknown_name() -> None:
     proc = _run_all("--dry-run", "--only", "parquet,parqet")
     assert proc.returncode != 0
     assert "unknown benchmark 'parqet'" in proc.stderr
-    assert "parquet,parquet-pinned,webdataset,video,startup,ray,s3,quota" in proc.stderr
+    assert (
+        "parquet,parquet-pinned,webdataset,video,startup,ray,s3,quota,byte-cache,lerobot-bytes"
+        in proc.stderr
+    )
     assert proc.stdout == ""
 
 
