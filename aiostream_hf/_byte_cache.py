@@ -524,10 +524,12 @@ class ByteCache:
         else:
             ok = False
         if not ok:
-            self._counts["corrupt"] += 1
-            logger.warning("aiostream-hf: the cached block %s is damaged: fetched again", path)
+            # Counted (and told) by the reader that removes it: two reads of one block at
+            # once both find it damaged.
             with contextlib.suppress(OSError):
                 path.unlink()
+                self._counts["corrupt"] += 1
+                logger.warning("aiostream-hf: the cached block %s is damaged: fetched again", path)
             return None
         self._touch(path, st)
         self._counts["hits"] += 1
