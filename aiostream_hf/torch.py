@@ -39,7 +39,7 @@ except ImportError as exc:
         "pip install 'aiostream-hf[torch]'"
     ) from exc
 
-from . import _bridge, _engine, _ranks, lerobot
+from . import _bridge, _job_manifest, _ranks, lerobot
 from ._exceptions import SourceError
 from ._mix import Mix, Stop
 from ._stream import stream
@@ -61,6 +61,26 @@ def distributed_rank() -> tuple[int, int]:
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         return torch.distributed.get_rank(), torch.distributed.get_world_size()
     return _ranks.environment_rank() or (0, 1)
+
+
+class _TorchBroadcast:
+    """``_job_manifest.Broadcast`` over the default process group."""
+
+    def __init__(self) -> None:
+        self.rank = torch.distributed.get_rank()
+        self.world = torch.distributed.get_world_size()
+
+    def __call__(self, payload: Any) -> Any:
+        box = [payload]
+        torch.distributed.broadcast_object_list(box, src=0)
+        return box[0]
+
+
+def _job_broadcast() -> _TorchBroadcast | None:
+    """How the job's ranks share a resolution: torch.distributed when initialised."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return _TorchBroadcast()
+    return None
 
 
 class _Resumable(Protocol):
@@ -142,12 +162,24 @@ class _StreamIterable(torch.utils.data.IterableDataset[Any]):
 
 
 class StreamDataset(_StreamIterable):
-    """A torch IterableDataset streaming ``source`` with ``stream(**stream_kwargs)``."""
+    """A torch IterableDataset streaming ``source`` with ``stream(**stream_kwargs)``.
 
-    def __init__(self, source: Any, **stream_kwargs: Any) -> None:
+    Under torch.distributed (a process group initialised, more than one rank) the job
+    resolves a Hub source once: global rank 0 resolves and broadcasts the manifest, so
+    every rank builds its datasets like a collective: the same ones, in the same order.
+    ``share_resolution=False`` resolves in each rank instead (per machine, or through
+    ``StreamOptions.manifest_dir``), for a dataset that only some ranks build.
+    """
+
+    def __init__(self, source: Any, *, share_resolution: bool = True, **stream_kwargs: Any) -> None:
         _no_rank("StreamDataset", stream_kwargs)
+        if not isinstance(share_resolution, bool):
+            raise SourceError(f"share_resolution={share_resolution!r}: give True or False")
         super().__init__()
-        self.manifest, self._stream_kwargs = _engine.resolve_for_workers(source, stream_kwargs)
+        broadcast = _job_broadcast() if share_resolution else None
+        self.manifest, self._stream_kwargs = _job_manifest.resolve_for_ranks(
+            source, stream_kwargs, broadcast
+        )
 
     def _open(self, consumer: int, consumers: int) -> _Resumable:
         return stream(self.manifest, rank=consumer, world_size=consumers, **self._stream_kwargs)
