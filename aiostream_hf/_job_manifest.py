@@ -8,12 +8,12 @@ Two carriers, for two kinds of jobs:
   process to take the request's file lock resolves (through the machine's own caches, as
   without a folder) and writes the manifest atomically; every other process, on any node,
   reads it. An entry never expires: it pins the job, restarts included, to one commit.
-- torch.distributed (``resolve_for_ranks``, which ``aiostream_hf.torch`` datasets call
-  when a process group is initialised): global rank 0 resolves and
-  ``broadcast_object_list`` hands the manifest to every rank, which also seeds its
-  machine's resolution cache with it (``seed_machine_cache``), so that a process of that
-  machine resolving the same source by name (a DataLoader worker calling ``stream()``)
-  finds it on disk within ``pin_ttl``.
+- torch.distributed (``_job_ranks.resolve_for_ranks``, which ``aiostream_hf.torch``
+  datasets call when a process group is initialised): global rank 0 resolves and
+  ``broadcast_object_list`` hands the manifest to every rank, which checks it here too
+  and seeds its machine's resolution cache with it (``seed_machine_cache``), so that a
+  process of that machine resolving the same source by name (a DataLoader worker
+  calling ``stream()``) finds it on disk within ``pin_ttl``.
 
 What one of those processes receives is checked as hostile (``check_entry``), the folder's
 files above all (another job, another version of this library, a damaged or planted
@@ -40,7 +40,7 @@ import stat
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 from urllib.parse import quote
 
 import anyio
@@ -48,7 +48,7 @@ import anyio.to_thread
 import filelock
 
 from ._access import Access
-from ._exceptions import ResolutionError, SourceError
+from ._exceptions import ResolutionError
 from ._hub_layout import _path_problem, _short
 from ._models import Manifest
 from ._options import StreamOptions
@@ -61,17 +61,15 @@ from ._resolution_cache import (
     manifest_key,
     pin_key,
 )
-from ._sources import HubSource, Source
+from ._sources import HubSource, Source, parse_sources
 from .stores.hub import MAX_TREE_FILES, Pin, is_sha
 
 __all__ = [
     "MAX_JOB_MANIFEST_BYTES",
-    "Broadcast",
     "check_entry",
     "make_entry",
     "read_entry",
     "request_key",
-    "resolve_for_ranks",
     "seed_machine_cache",
     "shareable",
     "shared",
@@ -89,16 +87,6 @@ _WAY_OUT = (
     "one listing), or point StreamOptions.manifest_dir / AIOSTREAM_HF_MANIFEST_DIR at a "
     "folder of this job's"
 )
-
-
-class Broadcast(Protocol):
-    """How the ranks of a job talk: ``torch.distributed`` in ``aiostream_hf.torch``."""
-
-    rank: int
-    world: int
-
-    def __call__(self, payload: Any) -> Any:
-        """Rank 0's ``payload``, on every rank (rank 0 gives it, the others None)."""
 
 
 # -- what a request is ----------------------------------------------------------------
@@ -138,6 +126,8 @@ def _describe(key: Mapping[str, Any]) -> str:
         if key.get(name) is not None
     ]
     extra.append(f"endpoint {key.get('endpoint')!r}")
+    identity = key.get("identity")
+    extra.append(f"token {str(identity)[:8]}..." if identity else "no token")
     return f"{what} ({', '.join(extra)})"
 
 
@@ -194,32 +184,36 @@ def read_entry(path: Path, key: Mapping[str, Any]) -> Manifest | None:
     return check_entry(entry, key, str(path))
 
 
-def check_entry(entry: Any, key: Mapping[str, Any], what: str) -> Manifest:
+def check_entry(entry: Any, key: Mapping[str, Any], what: str, way_out: str = _WAY_OUT) -> Manifest:
     """The manifest of a job manifest entry, once everything in it is checked against
-    ``key``: its stamp, its request, its digest, its fields and its files' URLs."""
+    ``key``: its stamp, its request, its digest, its fields and its files' URLs. A
+    failed check is a ``ResolutionError`` naming ``what`` and ``way_out``."""
+
+    def bad(problem: str) -> ResolutionError:
+        return ResolutionError(f"job manifest {what} {problem}: {way_out}")
+
     if not isinstance(entry, dict) or entry.get("format") != FORMAT:
-        raise _bad(what, f"is not an aiostream-hf job manifest (no {FORMAT!r} stamp)")
+        raise bad(f"is not an aiostream-hf job manifest (no {FORMAT!r} stamp)")
     version = entry.get("version")
     if version != VERSION:
-        raise _bad(
-            what,
+        raise bad(
             f"has version {_short(version)}: this aiostream-hf reads version {VERSION} "
-            "(every process of a job must run the same aiostream-hf)",
+            "(every process of a job must run the same aiostream-hf)"
         )
     if entry.get("key") != key:
         other = entry.get("key")
         named = _describe(other) if isinstance(other, dict) else _short(other)
-        raise _bad(what, f"is for {named}, not for {_describe(key)}")
+        raise bad(f"is for {named}, not for {_describe(key)}")
     value = entry.get("manifest")
     if not isinstance(value, dict) or entry.get("sha256") != _digest(value):
-        raise _bad(what, "does not match its sha256: it was changed or damaged")
+        raise bad("does not match its sha256: it was changed or damaged")
     problem = _manifest_problem(value, key)
     if problem is not None:
-        raise _bad(what, problem)
+        raise bad(problem)
     try:
         return Manifest.from_json(value)
     except (ValueError, KeyError, TypeError) as exc:  # pragma: no cover: checked above
-        raise _bad(what, f"holds no manifest ({exc})") from None
+        raise bad(f"holds no manifest ({exc})") from None
 
 
 def _bad(what: str, problem: str) -> ResolutionError:
@@ -271,8 +265,6 @@ def _manifest_problem(value: Mapping[str, Any], key: Mapping[str, Any]) -> str |
 
 
 def _source_of(uri: str) -> HubSource:
-    from ._sources import parse_sources
-
     (src,) = parse_sources(uri)  # made by request_key from HubSource.uri: parses back
     assert isinstance(src, HubSource)
     return src
@@ -422,83 +414,3 @@ def seed_machine_cache(
         entry = {"key": stored, "created": time.time(), "value": value}
         _write_entry(folder / f"{_key(parts)}.json", entry)
     return True
-
-
-def resolve_for_ranks(
-    source: Any, stream_kwargs: Mapping[str, Any], broadcast: Broadcast | None
-) -> tuple[Manifest, dict[str, Any]]:
-    """``_engine.resolve_for_workers`` once per job: rank 0 resolves and ``broadcast``
-    hands its manifest to every other rank, which checks it against its own request
-    (every rank must build the same dataset, in the same order, as for any collective)
-    and keeps it in its machine's cache. A rank 0 that fails sends its error, which every
-    rank raises. Without ``broadcast`` (no process group, or one rank) each process
-    resolves as before. Sources that are not shared (``shareable``) are resolved by each
-    rank, after the broadcast has said so."""
-    from ._engine import resolve_for_workers
-
-    if broadcast is None or broadcast.world <= 1:
-        return resolve_for_workers(source, stream_kwargs)
-    if broadcast.rank == 0:
-        try:
-            request = _request_of(source, stream_kwargs)
-            if request is not None:
-                manifest, read_kwargs = resolve_for_workers(source, stream_kwargs)
-                payload: dict[str, Any] = make_entry(request[1], manifest)
-            else:
-                payload = {"skip": True}
-        except Exception as exc:
-            kind = "SourceError" if isinstance(exc, SourceError) else "ResolutionError"
-            broadcast({"error": f"{type(exc).__name__}: {exc}", "kind": kind})
-            raise
-        broadcast(payload)
-        if request is None:
-            return resolve_for_workers(source, stream_kwargs)
-        return manifest, read_kwargs
-    received = broadcast(None)
-    if isinstance(received, dict) and "error" in received:
-        error = SourceError if received.get("kind") == "SourceError" else ResolutionError
-        raise error(
-            f"rank 0 could not resolve {_short(source)}, so no rank can: "
-            f"{_short(received['error'], 2000)}"
-        )
-    if received == {"skip": True}:
-        return resolve_for_workers(source, stream_kwargs)
-    request = _request_of(source, stream_kwargs)
-    if request is None:
-        raise SourceError(
-            f"rank 0 resolved Hub sources for the job, but this rank builds its dataset "
-            f"from {_short(source)}: build the same dataset on every rank, in the same order"
-        )
-    sources, key, options = request
-    try:
-        manifest = check_entry(received, key, "broadcast by rank 0")
-    except ResolutionError as exc:
-        raise SourceError(
-            f"{exc}; build the same dataset (source, config, split, data_files, token, "
-            "endpoint) on every rank, in the same order"
-        ) from None
-    seed_machine_cache(options, sources, key, manifest)
-    return resolve_for_workers(manifest, stream_kwargs)
-
-
-def _request_of(
-    source: Any, stream_kwargs: Mapping[str, Any]
-) -> tuple[Sequence[Source], dict[str, Any], StreamOptions] | None:
-    """The sources, request key and options of a dataset's arguments; None when they are
-    not shared by the job (a Manifest, files, URLs, buckets)."""
-    from ._access import find_access
-    from ._bridge import portal
-    from ._hub_layout import _bad_input, _sanitize_data_files
-    from ._sources import parse_sources
-
-    if isinstance(source, Manifest):
-        return None
-    sources = parse_sources(source)
-    if not shareable(sources):
-        return None
-    access = portal().call(find_access, stream_kwargs.get("token"), stream_kwargs.get("endpoint"))
-    data_files = stream_kwargs.get("data_files")
-    patterns = None if data_files is None else _sanitize_data_files(data_files, _bad_input)
-    config, split = stream_kwargs.get("config"), stream_kwargs.get("split")
-    key = request_key(sources, config, split, patterns, access)
-    return sources, key, stream_kwargs.get("options") or StreamOptions()

@@ -39,7 +39,7 @@ except ImportError as exc:
         "pip install 'aiostream-hf[torch]'"
     ) from exc
 
-from . import _bridge, _job_manifest, _ranks, lerobot
+from . import _bridge, _job_ranks, _ranks, lerobot
 from ._exceptions import SourceError
 from ._mix import Mix, Stop
 from ._stream import stream
@@ -64,7 +64,7 @@ def distributed_rank() -> tuple[int, int]:
 
 
 class _TorchBroadcast:
-    """``_job_manifest.Broadcast`` over the default process group."""
+    """``_job_ranks.Broadcast`` over the default process group."""
 
     def __init__(self) -> None:
         self.rank = torch.distributed.get_rank()
@@ -177,7 +177,7 @@ class StreamDataset(_StreamIterable):
             raise SourceError(f"share_resolution={share_resolution!r}: give True or False")
         super().__init__()
         broadcast = _job_broadcast() if share_resolution else None
-        self.manifest, self._stream_kwargs = _job_manifest.resolve_for_ranks(
+        self.manifest, self._stream_kwargs = _job_ranks.resolve_for_ranks(
             source, stream_kwargs, broadcast
         )
 
