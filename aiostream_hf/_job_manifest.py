@@ -342,12 +342,19 @@ async def shared(
         if found is not None:
             return found
         manifest = await resolve()
-        entry = make_entry(key, manifest)
+        entry = await anyio.to_thread.run_sync(_checked_entry, key, manifest, str(path))
         with anyio.CancelScope(shield=True):  # written whole, or not at all
             await anyio.to_thread.run_sync(_write, path, entry)
         return manifest
     finally:
         lock.release()
+
+
+def _checked_entry(key: Mapping[str, Any], manifest: Manifest, what: str) -> dict[str, Any]:
+    """The entry for ``manifest``, checked as the job's other processes will check it."""
+    entry = make_entry(key, manifest)
+    check_entry(entry, key, what)
+    return entry
 
 
 def _write(path: Path, entry: Mapping[str, Any]) -> None:

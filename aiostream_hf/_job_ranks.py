@@ -48,6 +48,7 @@ def resolve_for_ranks(
             if request is not None:
                 manifest, read_kwargs = resolve_for_workers(source, stream_kwargs)
                 payload: dict[str, Any] = make_entry(request[1], manifest)
+                check_entry(payload, request[1], "made by rank 0")  # as the ranks will
             else:
                 payload = {"skip": True}
         except Exception as exc:
