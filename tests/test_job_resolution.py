@@ -26,6 +26,7 @@ from typing import Any
 
 import pytest
 
+from aiostream_hf import SourceError
 from aiostream_hf.testing import HubServer, HubStats, make_repo, make_text_parquet
 
 HERE = Path(__file__).parent
@@ -171,3 +172,12 @@ def test_when_rank_0_cannot_resolve_every_rank_says_why(hub: HubServer, tmp_path
     error = str(results[1].get("error"))
     assert error.startswith("ResolutionError: rank 0 could not resolve"), error
     assert "RepoNotFoundError" in error
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("value", ["yes", 1, None])
+def test_share_resolution_is_a_flag(value: object) -> None:
+    from aiostream_hf.torch import StreamDataset
+
+    with pytest.raises(SourceError, match=r"share_resolution=.*: give True or False"):
+        StreamDataset(SOURCE, share_resolution=value)  # type: ignore[arg-type]
