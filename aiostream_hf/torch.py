@@ -39,7 +39,7 @@ except ImportError as exc:
         "pip install 'aiostream-hf[torch]'"
     ) from exc
 
-from . import _bridge, _job_ranks, _ranks, lerobot
+from . import _job_ranks, _ranks, lerobot
 from ._exceptions import SourceError
 from ._mix import Mix, Stop
 from ._stream import stream
@@ -81,6 +81,11 @@ def _job_broadcast() -> _TorchBroadcast | None:
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         return _TorchBroadcast()
     return None
+
+
+def _check_flag(share_resolution: object) -> None:
+    if not isinstance(share_resolution, bool):
+        raise SourceError(f"share_resolution={share_resolution!r}: give True or False")
 
 
 class _Resumable(Protocol):
@@ -173,8 +178,7 @@ class StreamDataset(_StreamIterable):
 
     def __init__(self, source: Any, *, share_resolution: bool = True, **stream_kwargs: Any) -> None:
         _no_rank("StreamDataset", stream_kwargs)
-        if not isinstance(share_resolution, bool):
-            raise SourceError(f"share_resolution={share_resolution!r}: give True or False")
+        _check_flag(share_resolution)
         super().__init__()
         broadcast = _job_broadcast() if share_resolution else None
         self.manifest, self._stream_kwargs = _job_ranks.resolve_for_ranks(
@@ -192,16 +196,24 @@ class LeRobotStreamDataset(_StreamIterable):
     ``episodes``, ``delta_timestamps``) checked; workers get the metadata pickled
     and make no API request. Each consumer (rank x worker) reads every n-th episode
     (every n-th item when there are fewer episodes than consumers). Items are dicts
-    of numpy arrays, which the default ``collate_fn`` turns into tensors.
+    of numpy arrays, which the default ``collate_fn`` turns into tensors. Under
+    torch.distributed, rank 0 reads the metadata of a Hub dataset and broadcasts it (as
+    ``StreamDataset`` does its manifest; ``share_resolution=False``: each rank reads).
     """
 
     def __init__(
-        self, repo: str | os.PathLike[str] | lerobot.LeRobotMetadata, **stream_kwargs: Any
+        self,
+        repo: str | os.PathLike[str] | lerobot.LeRobotMetadata,
+        *,
+        share_resolution: bool = True,
+        **stream_kwargs: Any,
     ) -> None:
         _no_rank("LeRobotStreamDataset", stream_kwargs)
+        _check_flag(share_resolution)
         super().__init__()
         probe = lerobot.stream(repo, **stream_kwargs)  # checks the arguments
-        self.metadata: lerobot.LeRobotMetadata = _bridge.portal().call(probe.load_metadata)
+        broadcast = _job_broadcast() if share_resolution else None
+        self.metadata: lerobot.LeRobotMetadata = _job_ranks.metadata_for_ranks(probe, broadcast)
         probe._build_plan()  # bad episodes, split or delta_timestamps fail here, once
         self._stream_kwargs = stream_kwargs
 

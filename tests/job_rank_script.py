@@ -2,7 +2,7 @@
 
 The launcher imports what the ranks need once, then forks every rank (a process of its
 own: fork, so that 16 ranks do not import torch 16 times on a 2-core machine), and exits
-non-zero if one of them failed. CONFIG: mode ("distributed" or "shared"), endpoint,
+non-zero if one of them failed. CONFIG: mode ("distributed", "lerobot" or "shared"), endpoint,
 source, splits (one per rank), ranks, per_node, tmp (a folder: node caches, the
 FileStore or the job folder, one result file per rank).
 
@@ -11,6 +11,8 @@ FileStore or the job folder, one result file per rank).
   StreamDataset (the manifest pickled to its 4 workers); ranks of odd nodes through a
   DataLoader whose 4 workers each call stream(SOURCE) by name, which finds the manifest
   rank 0 broadcast in the node's cache (seeded when the dataset was built).
+- lerobot: torch.distributed; a LeRobotStreamDataset of SOURCE, whose metadata rank 0
+  reads and broadcasts; each rank reads its share itself (no workers).
 - shared: no torch: StreamOptions(manifest_dir=TMP/job); 4 streams side by side in one
   event loop, each resolving SOURCE by name.
 
@@ -82,6 +84,28 @@ def distributed(config: dict[str, Any], rank: int) -> list[int]:
         dist.destroy_process_group()
 
 
+def lerobot(config: dict[str, Any], rank: int) -> list[int]:
+    """torch.distributed; a LeRobotStreamDataset (rank 0 reads meta/ and broadcasts it),
+    read in the rank itself (no workers): the frame indices."""
+    import torch.distributed as dist
+    import torch.utils.data
+
+    from aiostream_hf.torch import LeRobotStreamDataset
+
+    tmp, world = Path(config["tmp"]), config["ranks"]
+    cache = tmp / f"node-{rank // config['per_node']}"
+    store = tmp / "store"
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+    try:
+        ds = LeRobotStreamDataset(
+            config["source"], endpoint=config["endpoint"], options=_options(cache), batch_items=4
+        )
+        loader = torch.utils.data.DataLoader(ds, batch_size=8, num_workers=0)
+        return [int(i) for batch in loader for i in batch["index"]]
+    finally:
+        dist.destroy_process_group()
+
+
 async def shared(config: dict[str, Any], rank: int) -> list[int]:
     tmp, world = Path(config["tmp"]), config["ranks"]
     cache = tmp / f"node-{rank // config['per_node']}"
@@ -110,6 +134,8 @@ def run_rank(config: dict[str, Any], rank: int) -> None:
     try:
         if config["mode"] == "distributed":
             ids = distributed(config, rank)
+        elif config["mode"] == "lerobot":
+            ids = lerobot(config, rank)
         else:
             ids = anyio.run(shared, config, rank)
         result: dict[str, Any] = {"ids": ids}
@@ -120,7 +146,7 @@ def run_rank(config: dict[str, Any], rank: int) -> None:
 
 def main() -> int:
     config = json.loads(sys.argv[1])
-    if config["mode"] == "distributed":
+    if config["mode"] in ("distributed", "lerobot"):
         import torch.distributed  # noqa: F401  (once, here, for every rank)
         import torch.utils.data  # noqa: F401
 

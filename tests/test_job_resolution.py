@@ -27,7 +27,14 @@ from typing import Any
 import pytest
 
 from aiostream_hf import SourceError
-from aiostream_hf.testing import HubServer, HubStats, make_repo, make_text_parquet
+from aiostream_hf.testing import (
+    HubServer,
+    HubStats,
+    LeRobotLayout,
+    make_lerobot_dataset,
+    make_repo,
+    make_text_parquet,
+)
 
 HERE = Path(__file__).parent
 REPO = "org/job"
@@ -181,3 +188,38 @@ def test_share_resolution_is_a_flag(value: object) -> None:
 
     with pytest.raises(SourceError, match=r"share_resolution=.*: give True or False"):
         StreamDataset(SOURCE, share_resolution=value)  # type: ignore[arg-type]
+
+
+LENGTHS = (6, 5, 7, 4)  # frames of 4 episodes: 22
+
+
+@pytest.fixture(scope="module")
+def robot(tmp_path_factory: pytest.TempPathFactory) -> LeRobotLayout:
+    return make_lerobot_dataset(
+        tmp_path_factory.mktemp("robot"),
+        "org/robot",
+        codec="h264",
+        width=16,
+        height=16,
+        episodes=LENGTHS,
+        episodes_per_video_file=2,
+        episodes_per_data_file=2,
+    )
+
+
+@pytest.mark.torch
+@pytest.mark.skipif(sys.platform != "linux", reason="gloo on loopback")
+def test_a_distributed_lerobot_job_reads_its_metadata_once(
+    robot: LeRobotLayout, tmp_path: Path
+) -> None:
+    with HubServer(robot.path.parents[2]) as hub:
+        # 2 nodes x 2 ranks
+        results = _run_job("lerobot", hub, tmp_path, ranks=4, per_node=2, source=robot.uri)
+        stats = hub.wait_idle()
+    errors = [r["error"] for r in results if "error" in r]
+    assert not errors, errors
+    indices = [i for r in results for i in r["ids"]]
+    assert sorted(indices) == list(range(sum(LENGTHS)))  # every frame once
+    print("API requests of the job:", stats.by_bucket)
+    # rank 0's reading of meta/ (a pin and the folder's listing), and no other rank's
+    assert stats.by_bucket.get("api", 0) <= 2
