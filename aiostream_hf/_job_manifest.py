@@ -249,15 +249,18 @@ def _manifest_problem(value: Mapping[str, Any], key: Mapping[str, Any]) -> str |
         if key[name] is not None and value.get(name) != key[name]:
             return f"holds {name} {_short(value.get(name))}, not {key[name]!r} as asked"
     sources = [_source_of(uri) for uri in key["sources"]]
+    repo = value.get("repo_id")
+    if repo is not None and repo not in {s.repo_id for s in sources}:
+        return f"is a listing of {repo!r}, which none of its sources names"
     commits: dict[str, set[str]] = {}
     for i, f in enumerate(files):
         problem = _file_problem(f, endpoint, sources, key["split"], commits)
         if problem is not None:
             return f"files[{i}] {problem}"
-    for repo, shas in commits.items():
-        named = {s.revision for s in sources if s.repo_id == repo}
+    for name, shas in commits.items():
+        named = {s.revision for s in sources if s.repo_id == name}
         if len(shas) > len(named) or (all(r and is_sha(r) for r in named) and shas - named):
-            return f"reads {repo} at commits {sorted(shas)}, not at the ones its sources name"
+            return f"reads {name} at commits {sorted(shas)}, not at the ones its sources name"
     commit = value.get("commit")
     if commit is not None and files and commit not in set().union(*commits.values()):
         return f"names commit {commit!r}, which none of its files is read at"

@@ -174,6 +174,11 @@ HOSTILE: dict[str, tuple[Callable[[dict[str, Any]], None], bool, str]] = {
         "was resolved at 'http://127.0.0.2:1'",
     ),
     "files": (lambda e: e["manifest"].update(files={"a": 1}), True, "has files that are not"),
+    "repo": (
+        lambda e: e["manifest"].update(repo_id="org/other"),
+        True,
+        "is a listing of 'org/other', which none of its sources names",
+    ),
     "splits": (lambda e: e["manifest"].update(splits={"train": -1}), True, "has splits that"),
     "commit": (
         lambda e: e["manifest"].update(commit=_OTHER_SHA),
