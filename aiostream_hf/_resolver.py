@@ -34,7 +34,9 @@ answers RevisionNotFound, or a stream's first read of a file at it answers 404
 (``forget_stale_pin``, which ``Engine`` and ``ls`` call), the pin is dropped, in memory
 and on disk, and the branch pinned afresh, once. A commit the user named, a pin this
 call requested, and a file whose read already began (``FileChangedError``) keep their
-errors.
+errors. Across machines, ``StreamOptions.manifest_dir`` (a folder the job's nodes share)
+is asked first: one process of the job resolves a Hub request, every other reads its
+manifest there (``_job_manifest``; checked as hostile, never expired).
 
 Guarantees and limits. No byte from a server is trusted:
 
