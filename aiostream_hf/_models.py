@@ -5,11 +5,11 @@ import graph: the fetcher, the formats and the engine import them without the re
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["FileRef", "Manifest"]
+__all__ = ["FileRef", "Manifest", "combine_manifests"]
 
 _MANIFEST_VERSION = 1
 
@@ -110,3 +110,26 @@ class Manifest:
             splits={str(k): int(v) for k, v in data.get("splits", {}).items()},
             format=data.get("format"),
         )
+
+
+def combine_manifests(manifests: Sequence[Manifest]) -> Manifest:
+    """One manifest for several sources: files in order, shared fields where they agree."""
+
+    def common(values: Sequence[Any]) -> Any:
+        return values[0] if all(v == values[0] for v in values) else None
+
+    splits: dict[str, int] = {}
+    for m in manifests:
+        for name, count in m.splits.items():
+            splits[name] = splits.get(name, 0) + count
+    return Manifest(
+        files=tuple(f for m in manifests for f in m.files),
+        repo_id=common([m.repo_id for m in manifests]),
+        commit=common([m.commit for m in manifests]),
+        endpoint=common([m.endpoint for m in manifests]),
+        config=common([m.config for m in manifests]),
+        split=common([m.split for m in manifests]),
+        configs=common([m.configs for m in manifests]) or (),
+        splits=splits,
+        format=common([m.format for m in manifests]),
+    )

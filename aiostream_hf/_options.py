@@ -72,6 +72,16 @@ class StreamOptions:
         user cache dir (~/.cache/aiostream-hf).
     pin_ttl: seconds a resolution of something that can change is shared between the
         processes of a machine (and reused in one): a branch's commit, an S3 listing.
+    manifest_dir: a folder every node of a job sees (a network filesystem whose file
+        locks work across machines: NFSv4, Lustre mounted with ``flock``), where the job
+        resolves each Hub source once: the first process to take its lock resolves and
+        writes the manifest there (commit sha, files, sizes, ETags), and every other
+        process, on any node, reads it and makes no API request. Its manifests never
+        expire: they pin the job, restarts included, to one commit; a new job (or one that
+        should see a new commit) takes a new folder. Default ``AIOSTREAM_HF_MANIFEST_DIR``;
+        None: resolutions are shared per machine only (``cache_dir``). Under
+        torch.distributed, ``aiostream_hf.torch`` datasets need no folder: rank 0 resolves
+        and broadcasts. See docs/dataloader-training.md.
     byte_cache_bytes: keep the bytes read on disk, up to this many, for every process
         of the machine and the next epoch (0: off). Files whose version is known before
         they are read (Hub files, S3 objects) are kept in 1 MiB blocks, each fetched once
@@ -123,6 +133,7 @@ class StreamOptions:
     rate_limit_reserve: int = 0
     cache_dir: Path | None = None
     pin_ttl: float = 10.0
+    manifest_dir: Path | None = None
     byte_cache_bytes: int = 0
     byte_cache_dir: Path | None = None
     verify_checksums: bool = True
@@ -159,7 +170,7 @@ class StreamOptions:
                     f"StreamOptions.{name}={getattr(self, name)!r}: give a string, or None "
                     "for the AWS default"
                 )
-        for name in ("cache_dir", "byte_cache_dir"):
+        for name in ("cache_dir", "byte_cache_dir", "manifest_dir"):
             folder = getattr(self, name)
             if folder is not None and not isinstance(folder, (str, os.PathLike)):
                 raise SourceError(
@@ -198,6 +209,13 @@ class StreamOptions:
         if self.byte_cache_dir is not None:
             return Path(self.byte_cache_dir)
         return self.resolved_cache_dir() / "bytes"
+
+    def resolved_manifest_dir(self) -> Path | None:
+        """manifest_dir, else $AIOSTREAM_HF_MANIFEST_DIR, else None (no job folder)."""
+        if self.manifest_dir is not None:
+            return Path(self.manifest_dir)
+        env = os.environ.get("AIOSTREAM_HF_MANIFEST_DIR")
+        return Path(env) if env else None
 
     def resolved_cache_dir(self) -> Path:
         """cache_dir, else $AIOSTREAM_HF_CACHE, else the user cache dir."""

@@ -96,6 +96,25 @@ def _weight(value: object) -> int:
     return 1
 
 
+def pin_key(who: str, endpoint: str, repo: str, revision: str) -> tuple[Any, ...]:
+    """The key of a branch's (or tag's) pin to a commit, for a token identity."""
+    return ("pin", who, endpoint, repo, revision)
+
+
+def manifest_key(
+    who: str,
+    endpoint: str,
+    repo: str,
+    sha: str,
+    path: str | None,
+    config: str | None,
+    split: str | None,
+    data_files: dict[str, list[str]] | None,
+) -> tuple[Any, ...]:
+    """The key of a Hub source's manifest at a commit (immutable: kept forever)."""
+    return ("manifest", who, endpoint, repo, sha, path, config, split, data_files)
+
+
 def _key(parts: tuple[Any, ...]) -> str:
     """``KIND-HASH``: the name of a cache entry (and of its lock file)."""
     text = json.dumps(parts, sort_keys=True, separators=(",", ":"))

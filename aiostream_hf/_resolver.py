@@ -34,7 +34,9 @@ answers RevisionNotFound, or a stream's first read of a file at it answers 404
 (``forget_stale_pin``, which ``Engine`` and ``ls`` call), the pin is dropped, in memory
 and on disk, and the branch pinned afresh, once. A commit the user named, a pin this
 call requested, and a file whose read already began (``FileChangedError``) keep their
-errors.
+errors. Across machines, ``StreamOptions.manifest_dir`` (a folder the job's nodes share)
+is asked first: one process of the job resolves a Hub request, every other reads its
+manifest there (``_job_manifest``; checked as hostile, never expired).
 
 Guarantees and limits. No byte from a server is trusted:
 
@@ -91,6 +93,7 @@ import anyio.to_thread
 import filelock
 import httpx2
 
+from . import _job_manifest as job
 from . import stores
 from ._access import DEFAULT_ENDPOINT, Access, find_access
 from ._answers import Answer, BodyCap
@@ -119,7 +122,7 @@ from ._hub_layout import (
     _select,
     _Where,
 )
-from ._models import FileRef, Manifest
+from ._models import FileRef, Manifest, combine_manifests
 from ._options import StreamOptions
 from ._resolution_cache import (
     _FILE_MODE,
@@ -133,6 +136,8 @@ from ._resolution_cache import (
     _read_entry,
     _weight,
     _write_entry,
+    manifest_key,
+    pin_key,
 )
 from ._sources import (
     BucketSource,
@@ -213,6 +218,7 @@ _PIN_CODEC: _Codec[hub.Pin] = _Codec("pin", hub.Pin.to_json, hub.Pin.from_json)
 # Memory only: a tree listing can be large, and the manifests made from it are on disk.
 _TREE_CODEC: _Codec[tuple[_File, ...]] = _Codec("tree")
 _CARD_CODEC: _Codec[dict[str, Any] | None] = _Codec("card")
+_JOB_CODEC: _Codec[Manifest] = _Codec("job")  # memory only: its folder is the job's
 
 
 class _Counts:
@@ -354,8 +360,27 @@ class Resolver:
             access = await find_access(token, endpoint)
         elif token is not None or endpoint is not None:
             raise SourceError("Resolver.resolve: pass access= or token=/endpoint=, not both")
-        hub_endpoint = access.endpoint
         call = _Call(access)
+        resolve = functools.partial(self._resolve_sources, sources, config, split, data_files)
+        folder = self._options.resolved_manifest_dir()
+        if folder is None or not job.shareable(sources):
+            return await resolve(patterns, call)
+        # One resolution per job: the manifest kept in the job's folder (_job_manifest).
+        key = job.request_key(sources, config, split, patterns, access)
+        compute = functools.partial(resolve, patterns, call)
+        shared = functools.partial(job.shared, folder, key, compute)
+        return await self._once(("job", key), shared, _JOB_CODEC, ttl=None, call=call)
+
+    async def _resolve_sources(
+        self,
+        sources: Sequence[Source],
+        config: str | None,
+        split: str | None,
+        data_files: DataFiles | None,
+        patterns: dict[str, list[str]] | None,
+        call: _Call,
+    ) -> Manifest:
+        hub_endpoint = call.access.endpoint
         manifests: list[Manifest] = []
         run: list[UrlSource | LocalSource | BucketSource] = []  # resolved together
         for src in sources:
@@ -383,7 +408,7 @@ class Resolver:
                 run.append(src)
         if run:
             manifests.append(await self._resolve_run(run, config, split, call))
-        return manifests[0] if len(manifests) == 1 else _combine(manifests)
+        return manifests[0] if len(manifests) == 1 else combine_manifests(manifests)
 
     async def _resolve_run(
         self,
@@ -421,7 +446,7 @@ class Resolver:
         args = (src, revision, config, split, data_files, endpoint, call, who)
         if hub.is_sha(revision):  # a commit the user named: no pin, nothing to drop
             return await self._manifest(hub.Pin(revision), *args)
-        key = ("pin", who, endpoint, src.repo_id, revision)
+        key = pin_key(who, endpoint, src.repo_id, revision)
         pin, shared = await self._pin(key, src.repo_id, revision, endpoint, call)
         if not shared:
             return await self._manifest(pin, *args)
@@ -522,17 +547,7 @@ class Resolver:
     ) -> Manifest:
         """The manifest of ``src`` at ``pin``'s commit: cached forever (a commit is
         immutable), else built from its tree listing and card."""
-        key = (
-            "manifest",
-            who,
-            endpoint,
-            src.repo_id,
-            pin.sha,
-            src.path,
-            config,
-            split,
-            data_files,
-        )
+        key = manifest_key(who, endpoint, src.repo_id, pin.sha, src.path, config, split, data_files)
         build = functools.partial(
             self._build, src, revision, pin, config, split, data_files, endpoint, call, who
         )
@@ -900,29 +915,6 @@ def _check_one_split(what: str, config: str | None, split: str | None) -> None:
             f"no split {split!r} in {what}: files, URLs and objects form one split, 'train' "
             "(as in datasets); resolve each split's files separately"
         )
-
-
-def _combine(manifests: Sequence[Manifest]) -> Manifest:
-    """One manifest for several sources: files in order, shared fields where they agree."""
-
-    def common(values: Sequence[Any]) -> Any:
-        return values[0] if all(v == values[0] for v in values) else None
-
-    splits: dict[str, int] = {}
-    for m in manifests:
-        for name, count in m.splits.items():
-            splits[name] = splits.get(name, 0) + count
-    return Manifest(
-        files=tuple(f for m in manifests for f in m.files),
-        repo_id=common([m.repo_id for m in manifests]),
-        commit=common([m.commit for m in manifests]),
-        endpoint=common([m.endpoint for m in manifests]),
-        config=common([m.config for m in manifests]),
-        split=common([m.split for m in manifests]),
-        configs=common([m.configs for m in manifests]) or (),
-        splits=splits,
-        format=common([m.format for m in manifests]),
-    )
 
 
 # --- helpers: the on-disk cache -------------------------------------------------------

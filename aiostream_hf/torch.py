@@ -39,7 +39,7 @@ except ImportError as exc:
         "pip install 'aiostream-hf[torch]'"
     ) from exc
 
-from . import _bridge, _engine, _ranks, lerobot
+from . import _job_ranks, _ranks, lerobot
 from ._exceptions import SourceError
 from ._mix import Mix, Stop
 from ._stream import stream
@@ -61,6 +61,31 @@ def distributed_rank() -> tuple[int, int]:
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         return torch.distributed.get_rank(), torch.distributed.get_world_size()
     return _ranks.environment_rank() or (0, 1)
+
+
+class _TorchBroadcast:
+    """``_job_ranks.Broadcast`` over the default process group."""
+
+    def __init__(self) -> None:
+        self.rank = torch.distributed.get_rank()
+        self.world = torch.distributed.get_world_size()
+
+    def __call__(self, payload: Any) -> Any:
+        box = [payload]
+        torch.distributed.broadcast_object_list(box, src=0)
+        return box[0]
+
+
+def _job_broadcast() -> _TorchBroadcast | None:
+    """How the job's ranks share a resolution: torch.distributed when initialised."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return _TorchBroadcast()
+    return None
+
+
+def _check_flag(share_resolution: object) -> None:
+    if not isinstance(share_resolution, bool):
+        raise SourceError(f"share_resolution={share_resolution!r}: give True or False")
 
 
 class _Resumable(Protocol):
@@ -142,12 +167,23 @@ class _StreamIterable(torch.utils.data.IterableDataset[Any]):
 
 
 class StreamDataset(_StreamIterable):
-    """A torch IterableDataset streaming ``source`` with ``stream(**stream_kwargs)``."""
+    """A torch IterableDataset streaming ``source`` with ``stream(**stream_kwargs)``.
 
-    def __init__(self, source: Any, **stream_kwargs: Any) -> None:
+    Under torch.distributed (a process group initialised, more than one rank) the job
+    resolves a Hub source once: global rank 0 resolves and broadcasts the manifest, so
+    every rank builds its datasets like a collective: the same ones, in the same order.
+    ``share_resolution=False`` resolves in each rank instead (per machine, or through
+    ``StreamOptions.manifest_dir``), for a dataset that only some ranks build.
+    """
+
+    def __init__(self, source: Any, *, share_resolution: bool = True, **stream_kwargs: Any) -> None:
         _no_rank("StreamDataset", stream_kwargs)
+        _check_flag(share_resolution)
         super().__init__()
-        self.manifest, self._stream_kwargs = _engine.resolve_for_workers(source, stream_kwargs)
+        broadcast = _job_broadcast() if share_resolution else None
+        self.manifest, self._stream_kwargs = _job_ranks.resolve_for_ranks(
+            source, stream_kwargs, broadcast
+        )
 
     def _open(self, consumer: int, consumers: int) -> _Resumable:
         return stream(self.manifest, rank=consumer, world_size=consumers, **self._stream_kwargs)
@@ -160,16 +196,24 @@ class LeRobotStreamDataset(_StreamIterable):
     ``episodes``, ``delta_timestamps``) checked; workers get the metadata pickled
     and make no API request. Each consumer (rank x worker) reads every n-th episode
     (every n-th item when there are fewer episodes than consumers). Items are dicts
-    of numpy arrays, which the default ``collate_fn`` turns into tensors.
+    of numpy arrays, which the default ``collate_fn`` turns into tensors. Under
+    torch.distributed, rank 0 reads the metadata of a Hub dataset and broadcasts it (as
+    ``StreamDataset`` does its manifest; ``share_resolution=False``: each rank reads).
     """
 
     def __init__(
-        self, repo: str | os.PathLike[str] | lerobot.LeRobotMetadata, **stream_kwargs: Any
+        self,
+        repo: str | os.PathLike[str] | lerobot.LeRobotMetadata,
+        *,
+        share_resolution: bool = True,
+        **stream_kwargs: Any,
     ) -> None:
         _no_rank("LeRobotStreamDataset", stream_kwargs)
+        _check_flag(share_resolution)
         super().__init__()
         probe = lerobot.stream(repo, **stream_kwargs)  # checks the arguments
-        self.metadata: lerobot.LeRobotMetadata = _bridge.portal().call(probe.load_metadata)
+        broadcast = _job_broadcast() if share_resolution else None
+        self.metadata: lerobot.LeRobotMetadata = _job_ranks.metadata_for_ranks(probe, broadcast)
         probe._build_plan()  # bad episodes, split or delta_timestamps fail here, once
         self._stream_kwargs = stream_kwargs
 

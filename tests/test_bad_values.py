@@ -47,6 +47,7 @@ BAD: dict[str, list[Any]] = {
     "rate_limit_reserve": COUNT,
     "cache_dir": [5, 1.5, True, b"/tmp"],
     "pin_ttl": SECONDS,
+    "manifest_dir": [5, 1.5, True, b"/tmp"],
     "byte_cache_bytes": COUNT,
     "byte_cache_dir": [5, 1.5, True, b"/tmp"],
     "verify_checksums": FLAG,
