@@ -34,6 +34,7 @@ SCRIPTS = {
     "parquet": "benchmarks/parquet_bench.py",
     "webdataset": "benchmarks/webdataset_bench.py",
     "video": "benchmarks/video_bench.py",
+    "lerobot": "benchmarks/lerobot_bench.py",
     "startup": "benchmarks/startup_bench.py",
     "ray": "benchmarks/ray_bench.py",
     "s3": "benchmarks/s3_bench.py",
