@@ -98,6 +98,8 @@ def _worker(spec: dict[str, Any]) -> dict[str, Any]:
     from aiostream_hf import StreamOptions, lerobot
 
     _harness.preimport(vb.LAZY_IMPORTS["aiostream"])
+    _harness.preimport(spec.get("preimport", []))
+    before = set(sys.modules)
     shuffled = spec["order"] == "shuffled"
     hub = spec["contender"] == "aiostream-hub"
     hashes: dict[int, str] = {}
@@ -144,6 +146,7 @@ def _worker(spec: dict[str, Any]) -> dict[str, Any]:
         "items_per_s": len(hashes) / elapsed,
         "hash_seconds": hashing[0],
         "digest": total.hexdigest(),
+        "first_use_imports": _harness.first_use_imports(before),
         "aiostream_statistics": {
             k: st[k] for k in ("video", "fetcher", "videos_opened", "max_prefetched")
         },
@@ -314,8 +317,9 @@ def main(argv: list[str] | None = None) -> int:
             "data": stamp["params"],
             "peer": f"lerobot {LEROBOT_VERSION} LeRobotDataset, video_backend='torchcodec', "
             "local files (requirements-lerobot.txt, lerobot --no-deps)",
-            "timing": "fresh process per run; from after the imports to the last item "
-            "(dataset setup included)",
+            "timing": "fresh process per run; from after the imports (those made on first "
+            "use included, as listed by the contender's first run) to the last item (dataset "
+            "setup included), less the time spent hashing items",
             **quiet,
         },
         "workloads": {},
@@ -335,7 +339,10 @@ def main(argv: list[str] | None = None) -> int:
             params={"recursive": "true"},
             timeout=1200,
         ).raise_for_status()
-        peer_imports: list[str] = []
+        # What each contender's libraries imported on first use in its first run (pandas,
+        # which pyarrow imports on its first pa.array; torchcodec's decoders ...): imported
+        # before the clock in the runs after it, as every benchmark here does.
+        first_use: dict[str, list[str]] = {}
         for order in orders:
             base = {
                 "workload": "lerobot",
@@ -358,14 +365,14 @@ def main(argv: list[str] | None = None) -> int:
                 for c in names:
                     spec = {**base, "contender": c, "seed": i}
                     spec["command"] = [sys.executable, str(Path(__file__).resolve())]
+                    spec["preimport"] = first_use.get(c, [])
                     if c == PEER:
                         assert peer_python is not None
                         spec["command"] = [str(peer_python), str(PEER_SCRIPT)]
-                        spec["preimport"] = peer_imports
                     r = vb._run(hub, spec, log_dir / f"lerobot-bench-{tag}-{c}.log")
-                    if c == PEER and not peer_imports:
-                        peer_imports = r.get("first_use_imports", [])
-                    r.pop("first_use_imports", None)
+                    imported = r.pop("first_use_imports", [])
+                    r["preimported"] = len(spec["preimport"])
+                    first_use.setdefault(c, imported)
                     r["order_in_round"] = names.index(c)
                     this[c] = r
                     print(
