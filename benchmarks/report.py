@@ -35,6 +35,7 @@ SCRIPTS = {
     "parquet-pinned": "benchmarks/parquet_bench.py --pin",
     "webdataset": "benchmarks/webdataset_bench.py",
     "video": "benchmarks/video_bench.py",
+    "lerobot": "benchmarks/lerobot_bench.py",
     "startup": "benchmarks/startup_bench.py",
     "ray": "benchmarks/ray_bench.py",
     "s3": "benchmarks/s3_bench.py",

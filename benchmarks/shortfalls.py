@@ -211,10 +211,54 @@ def _lerobot_bytes(data: Results, r: Ratio) -> str:
 
 
 # (benchmark, the label's start (its workload), the label's end (its ratio), explainer)
+# -- lerobot ------------------------------------------------------------------------------
+
+
+def _lerobot_vs_peer(data: Results, r: Ratio) -> str:
+    ours, peer = str(r["numerator"]), str(r["denominator"])
+    order = _label(r).split(":", 1)[0].split()[-1]
+    workload = data["workloads"][f"lerobot-vs-torchcodec-{order}"]
+    rounds = workload["rounds"]
+    items = int(workload["items"])
+
+    def med(contender: str, key: str) -> float:
+        return _median(_per_round(rounds, contender, key))
+
+    def after_first(contender: str) -> float:
+        return _median(
+            [
+                (float(x[contender]["items"]) - 1)
+                / (float(x[contender]["seconds"]) - float(x[contender]["time_to_first_item"]))
+                for x in rounds
+                if contender in x
+            ]
+        )
+
+    text = (
+        f"over {items} items ({order}), {ours} ran at {med(ours, 'items_per_s'):.1f} items/s "
+        f"and {peer} at {med(peer, 'items_per_s'):.1f} (medians). {ours}'s first item came "
+        f"after {med(ours, 'time_to_first_item'):.2f} s, {peer}'s after "
+        f"{med(peer, 'time_to_first_item'):.2f} s; from there on {after_first(ours):.1f} "
+        f"against {after_first(peer):.1f} items/s. CPU: {med(ours, 'cpu_seconds'):.1f} s in "
+        f"{ours}'s process, {med(peer, 'cpu_seconds'):.1f} s in {peer}'s (imports and "
+        f"hashing included in both) on {data['environment']['cpu_count']} CPUs."
+    )
+    cdn = _median([float(x[ours]["requests"]["cdn"]) for x in rounds if ours in x])
+    if cdn:
+        served = med(ours, "bytes_served")
+        text += (
+            f" Over the Hub ({float(data['parameters']['latency_ms']):g} ms per request) it "
+            f"made {cdn:g} CDN requests for {served / 1e6:.1f} MB, "
+            f"{served / float(workload['bytes']):.2f}x the dataset's files."
+        )
+    return text
+
+
 _EXPLAINERS: list[tuple[str, str, str, Explainer]] = [
     ("parquet", "text:", "aiostream-arrow / fastest-local", _parquet_arrow_vs_local),
     ("video", "frames", "time aiostream / pyav-local", _frames_vs_local),
     ("video", "frames", "time download-decode / aiostream", _download_vs_frames),
     ("quota", "epoch:", "datasets / aiostream", _quota_epoch),
+    ("lerobot", "lerobot ", "/ lerobot-torchcodec", _lerobot_vs_peer),
     ("lerobot-bytes", "shuffled LeRobot epoch", "bytes served / files' bytes", _lerobot_bytes),
 ]

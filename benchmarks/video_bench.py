@@ -608,10 +608,13 @@ def _run_once(hub: Any, spec: dict[str, Any], log_path: Path, timeout: float) ->
         else (0.0, float("nan"))
     )
 
+    # The worker's command (another script's, or another venv's interpreter), else this
+    # script's ``--worker``.
+    command = spec.get("command") or [sys.executable, str(Path(__file__).resolve())]
     tmp = Path(tempfile.mkdtemp(prefix="aiostream-video-bench-"))
     try:
         spec = {
-            **spec,
+            **{k: v for k, v in spec.items() if k != "command"},
             "endpoint": hub.endpoint,
             "cache_dir": str(tmp / "cache"),
             "result_path": str(tmp / "result.json"),
@@ -623,7 +626,7 @@ def _run_once(hub: Any, spec: dict[str, Any], log_path: Path, timeout: float) ->
         started = time.perf_counter()
         with log_path.open("w") as log:
             proc = subprocess.Popen(
-                [sys.executable, str(Path(__file__).resolve()), "--worker", json.dumps(spec)],
+                [*command, "--worker", json.dumps(spec)],
                 env=_harness.worker_env(hub.endpoint, tmp, SVT_LOG="1"),
                 stdout=log,
                 stderr=subprocess.STDOUT,

@@ -24,9 +24,9 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
 RUN_ALL = ROOT / "benchmarks" / "run_all"
-NAMES = ["parquet", "webdataset", "video", "startup", "ray", "s3", "quota"]
+NAMES = ["parquet", "webdataset", "video", "lerobot", "startup", "ray", "s3", "quota"]
 # Benchmarks wired into run_all and report.py whose results are not committed yet.
-PENDING: set[str] = set()
+PENDING: set[str] = {"lerobot", "parquet-pinned", "byte-cache"}  # issue 33: to record, quiet
 
 
 def _load_report() -> ModuleType:
@@ -120,6 +120,8 @@ def _expected_metric(name: str, workload: str) -> tuple[str, bool]:
         return ("seconds", False) if workload.startswith("frames") else ("items_per_s", True)
     if name == "quota":
         return "epoch_seconds", False
+    if name == "lerobot":
+        return "items_per_s", True
     assert name == "startup"
     return ("time_to_first_batch", False) if workload == "first" else ("epoch_seconds", False)
 
@@ -268,6 +270,7 @@ def test_run_all_dry_run_lists_every_benchmark_then_the_report() -> None:
         "parquet-pinned: PY benchmarks/parquet_bench.py --pin",
         "webdataset: PY benchmarks/webdataset_bench.py",
         "video: PY benchmarks/video_bench.py",
+        "lerobot: PY benchmarks/lerobot_bench.py",
         "startup: PY benchmarks/startup_bench.py",
         "ray: PY benchmarks/ray_bench.py",
         "s3: PY benchmarks/s3_bench.py",
@@ -295,8 +298,8 @@ def test_run_all_rejects_an_unknown_name() -> None:
     assert proc.returncode != 0
     assert "unknown benchmark 'parqet'" in proc.stderr
     assert (
-        "parquet,parquet-pinned,webdataset,video,startup,ray,s3,quota,byte-cache,lerobot-bytes"
-        in proc.stderr
+        "parquet,parquet-pinned,webdataset,video,lerobot,startup,ray,s3,quota,byte-cache,"
+        "lerobot-bytes" in proc.stderr
     )
     assert proc.stdout == ""
 
@@ -424,3 +427,50 @@ def test_a_run_that_lacks_a_figure_is_not_explained_rather_than_failing() -> Non
     frames = [x for x in lines if x.startswith("- **frames: time aiostream")]
     assert frames
     assert "did not record the figures" in frames[0]
+
+
+def _lerobot_run(items_per_s: float, first: float, cdn: int) -> dict[str, Any]:
+    seconds = 100 / items_per_s
+    return {
+        "items": 100,
+        "seconds": seconds,
+        "items_per_s": items_per_s,
+        "time_to_first_item": first,
+        "cpu_seconds": 3.0,
+        "requests": {"api": 0, "resolvers": 0, "cdn": cdn},
+        "bytes_served": 2_000_000 if cdn else 0,
+    }
+
+
+def test_a_missed_lerobot_ratio_is_explained_from_its_run() -> None:
+    # lerobot_bench's results are not committed yet: a run of its shape, made up here.
+    rounds = [
+        {
+            "aiostream-hub": _lerobot_run(30.0, 1.0, 40),
+            "lerobot-torchcodec": _lerobot_run(25.0, 0.2, 0),
+        }
+    ]
+    data = {
+        "environment": {"cpu_count": 2},
+        "parameters": {"latency_ms": 20.0},
+        "workloads": {
+            "lerobot-vs-torchcodec-shuffled": {"items": 100, "bytes": 1_000_000, "rounds": rounds}
+        },
+        "ratios": [
+            {
+                "ratio": "lerobot shuffled: items/s aiostream-hub / lerobot-torchcodec",
+                "numerator": "aiostream-hub",
+                "denominator": "lerobot-torchcodec",
+                "target": ">= 1.5",
+                "median": 1.2,
+                "met": False,
+            }
+        ],
+    }
+    (line,) = shortfalls.explain("lerobot", data)
+    assert "not explained" not in line
+    assert "aiostream-hub ran at 30.0 items/s and lerobot-torchcodec at 25.0" in line
+    assert "first item came after 1.00 s" in line
+    # 99 items after the first, in 100/30 - 1 s
+    assert f"from there on {99 / (100 / 30 - 1):.1f} against" in line
+    assert "40 CDN requests for 2.0 MB, 2.00x the dataset's files" in line
