@@ -37,6 +37,7 @@ import dataclasses
 import functools
 import hashlib
 import logging
+import time
 from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -306,14 +307,16 @@ class RangeFetcher:
         ranges: Sequence[tuple[int, int]],
         *,
         part_size: int | None = None,
+        keep: bool = True,
     ) -> list[bytes]:
         """One bytes per (start, end exclusive) range, in the order given.
 
         Ranges closer than ``options.coalesce_gap`` share a request; requests
         over ``options.max_range_size`` (``part_size``, when given) are split; all
-        are fetched concurrently.
+        are fetched concurrently. ``keep=False``: not through the byte cache (bytes
+        that something derived from them is kept for instead: a video's index).
         """
-        data = await self._read_spans(file, ranges, part_size=part_size, in_place=False)
+        data = await self._read_spans(file, ranges, part_size=part_size, in_place=False, keep=keep)
         return cast(list[bytes], data)  # bytes: not received in place
 
     async def read_buffers(
@@ -339,6 +342,7 @@ class RangeFetcher:
         *,
         part_size: int | None,
         in_place: bool,
+        keep: bool = True,
     ) -> list[bytes | bytearray | memoryview]:
         self._check_open()
         spans = [_check_range(file, s, e) for s, e in ranges]
@@ -349,7 +353,7 @@ class RangeFetcher:
             with stage_network():
                 return list(await self._read_local(file, path, spans))
         max_size = self.options.max_range_size if part_size is None else part_size
-        if self._caches(file):
+        if keep and self._caches(file):
             kept = await self._cached_read(file, spans, max_size)
             if in_place:  # views of the blocks, read-only for the decoder
                 return [memoryview(b).toreadonly() for b in kept]
@@ -361,9 +365,50 @@ class RangeFetcher:
             return _assemble(spans, parts, [memoryview(b).toreadonly() for b in data])
         return _assemble(spans, parts, data)
 
-    def _caches(self, file: FileRef) -> bool:
+    def caches(self, file: FileRef) -> bool:
         """Whether ``file``'s bytes go through the byte cache (``ByteCache.holds``)."""
         return self._byte_cache is not None and self._byte_cache.holds(file)
+
+    _caches = caches
+
+    # -- entries of the byte cache's store, and routes (``_video_index_cache``) -------------
+
+    async def read_entry(self, file: FileRef, what: str) -> bytes | None:
+        """The byte cache's entry ``what`` of ``file`` for this fetcher's credentials
+        (``ByteCache.read_entry``); None without one (or without a byte cache)."""
+        if self._byte_cache is None or not self._byte_cache.holds(file):
+            return None
+        return await self._byte_cache.read_entry(file, await self._cache_scope(file), what)
+
+    async def write_entry(self, file: FileRef, what: str, payload: bytes) -> bool:
+        """Keep ``payload`` as the entry ``what`` of ``file`` (``ByteCache.write_entry``)."""
+        if self._byte_cache is None or not self._byte_cache.holds(file):
+            return False
+        return await self._byte_cache.write_entry(
+            file, await self._cache_scope(file), what, payload
+        )
+
+    async def drop_entry(self, file: FileRef, what: str, why: str) -> None:
+        """Delete the entry ``what`` of ``file``: it did not decode (``why``)."""
+        if self._byte_cache is not None and self._byte_cache.holds(file):
+            await self._byte_cache.drop_entry(file, await self._cache_scope(file), what, why)
+
+    def known_route(self, file: FileRef) -> tuple[str, float | None] | None:
+        """Where ``file``'s bytes are read now, when a redirect sent them elsewhere (its
+        CDN URL, and until when it is used), else None."""
+        found, _ = self._hub.route_nowait(self._route_key_of(file), None, look=True)
+        if not isinstance(found, Route) or found.direct or found.expired(time.time()):
+            return None
+        return found.url, found.reuse_until
+
+    def learn_route(self, file: FileRef, url: str, reuse_until: float | None) -> None:
+        """Read ``file`` from ``url`` (its CDN URL, kept from an earlier process) until
+        ``reuse_until``, unless a route is known already. A refused one is resolved again."""
+        key = self._route_key_of(file)
+        found, _ = self._hub.route_nowait(key, None, look=True)
+        if found is None:
+            route = Route(url, direct=False, reuse_until=reuse_until)
+            self._hub.set_route(key, route, leader=False)
 
     async def _cached_read(
         self, file: FileRef, spans: Sequence[tuple[int, int]], max_size: int
@@ -563,7 +608,10 @@ class RangeFetcher:
                 raise _copy_error(found.error) from found.error
 
     def _route_key(self, transfer: _Transfer) -> str:
-        return f"{self._route_scope}:{transfer.file.url}"
+        return self._route_key_of(transfer.file)
+
+    def _route_key_of(self, file: FileRef) -> str:
+        return f"{self._route_scope}:{file.url}"
 
     def _route_nowait(self, transfer: _Transfer) -> Route | Pending | None:
         if transfer.leader:
