@@ -208,9 +208,12 @@ class RangeFetcher:
         self._shared: contextlib.AbstractAsyncContextManager[HubClient] | None = None
         self._timeout = httpx2.Timeout(self.options.timeout)
         self._pacing = self.options.pacing()
-        # CDN URLs are cached per token: a private file's signed URL, learned with a
-        # token, is never handed to a reader without it.
-        self._route_scope = hashlib.sha256((token or "").encode()).hexdigest()[:16]
+        # CDN URLs (and the byte cache's blocks and entries) are kept per token: a private
+        # file's signed URL or bytes, had with a token, are never handed to a reader
+        # without it. The access's token: ``token=`` is None when ``access=`` is given.
+        self._route_scope = hashlib.sha256(
+            (self._token or "").encode("utf-8", "surrogatepass")
+        ).hexdigest()[:16]
         self._limiter = anyio.CapacityLimiter(n)
         self._closed = False
         # Transfers holding an open response, closed by aclose().
