@@ -756,10 +756,18 @@ class _Chunks(Protocol):
     async def aclose(self) -> None: ...
 
 
+#: A cached stream's span no longer than this is taken from the byte cache at once: its
+#: missing blocks fetched side by side, one request each (a video's group of GOPs: one
+#: round trip, where block after block took one each).
+_CACHED_SPAN_AT_ONCE = 16 * 1024 * 1024
+
+
 class _CachedChunks:
     """A file's bytes from ``start`` to ``end`` through the byte cache: ``block_size``
     bytes at a time are taken from it (``ByteCache.read_blocks``), given as views of its
-    blocks, one per chunk, so that nothing is joined."""
+    blocks, one per chunk, so that nothing is joined. A span of at most
+    ``_CACHED_SPAN_AT_ONCE`` bytes is taken at once, its missing blocks fetched
+    concurrently, one request per block (each over its own connection)."""
 
     def __init__(self, fetcher: RangeFetcher, file: FileRef, start: int, end: int, block: int):
         self._fetcher = fetcher
@@ -773,9 +781,12 @@ class _CachedChunks:
         if not self._ready:
             if self._pos >= self._end:
                 return None
-            end = min(self._end, self._pos + self._block)
             cache = self._fetcher._byte_cache
             assert cache is not None
+            end = min(self._end, self._pos + self._block)
+            max_request = self._fetcher.options.max_range_size
+            if self._end - self._pos <= _CACHED_SPAN_AT_ONCE:
+                end, max_request = self._end, cache.block
             with stage_network():
                 views = await cache.read_blocks(
                     self._file,
@@ -783,7 +794,7 @@ class _CachedChunks:
                     self._pos,
                     end,
                     functools.partial(self._fetcher._fetch_parts, self._file),
-                    max_request=self._fetcher.options.max_range_size,
+                    max_request=max_request,
                 )
             self._ready.extend(views)
             self._pos = end

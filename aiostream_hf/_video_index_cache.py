@@ -11,9 +11,13 @@ here instead: with the resolution from the resolver's cache on disk and the file
 URL from here too, its first request is for the frames' bytes.
 
 What is kept, and why the parsed table rather than the index's bytes: the table is the
-product of the index (``parse_moov``), smaller than the bytes it came from once they are
-read as whole 1 MiB blocks (a head block and one or two tail blocks), and read back
-without parsing (``benchmarks/video_index_cache.py`` measures both). It is keyed like a
+product of the index (``parse_moov``); stored as the narrowest integers that hold each
+column (offsets and timestamps as differences from sample to sample) and one bit per
+flag, it is about the size of the ``moov`` box itself, a tenth of the whole 1 MiB blocks
+that the index reads would keep (a head block and one or two tail blocks), and it is
+read back without a parse (``benchmarks/video_index_cache.py`` measures both). The
+index reads themselves then go past the blocks (``read_ranges(keep=False)``), in the
+small concurrent parts an uncached open uses. It is keyed like a
 block: the file's path, size and ETag (its version: another version never finds it),
 the reader's credentials (``RangeFetcher``'s cache scope: a private file's index is
 never served to another token), and the format version below. The file's CDN route
@@ -38,6 +42,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 import numpy as np
+import numpy.typing as npt
 
 from ._mp4 import CODECS, MAX_SAMPLES, SampleTable
 
@@ -58,9 +63,12 @@ _HEAD = struct.Struct("<8sIQI")  # magic, format, samples, length of the JSON me
 _MAX_META = 64 * 1024  # the metadata: a few numbers and names, and the array types
 _MAX_EXTRADATA = 1 << 20  # a codec configuration box is tens of bytes
 _MAX_ROUTE = 16 * 1024
-_INT_TYPES = ("<i4", "<i8")  # how an integer column is stored: its narrowest that fits
+_INT_TYPES = ("<i2", "<i4", "<i8")  # how an integer column is stored: its narrowest that fits
 _INT_COLUMNS = ("offset", "size", "dts", "pts", "cts", "duration")
-_BOOL_COLUMNS = ("is_key", "shown")
+#: Columns stored as the differences from one sample to the next (small numbers: a
+#: sample's offset is near the last one's end, timestamps go up by a frame's duration).
+_DELTA_COLUMNS = frozenset({"offset", "dts", "pts", "cts"})
+_BOOL_COLUMNS = ("is_key", "shown")  # one bit per sample
 
 
 class DamagedEntry(ValueError):
@@ -72,11 +80,13 @@ def encode(table: SampleTable) -> bytes:
     columns: dict[str, Any] = {}
     types: dict[str, str] = {}
     for name in _INT_COLUMNS:
-        values = getattr(table, name)
-        narrow = len(values) == 0 or (
-            int(values.min()) >= -(1 << 31) and int(values.max()) < (1 << 31)
+        values = np.asarray(getattr(table, name), dtype=np.int64)
+        if name in _DELTA_COLUMNS:
+            values = np.diff(values, prepend=np.int64(0))
+        lo, hi = (int(values.min()), int(values.max())) if len(values) else (0, 0)
+        types[name] = next(
+            t for t in _INT_TYPES if np.iinfo(np.dtype(t)).min <= lo and hi <= np.iinfo(t).max
         )
-        types[name] = "<i4" if narrow else "<i8"
         columns[name] = np.ascontiguousarray(values, dtype=types[name])
     extradata = table.extradata
     meta = {
@@ -94,7 +104,7 @@ def encode(table: SampleTable) -> bytes:
     if extradata is not None:
         parts.append(bytes(extradata))
     parts += [columns[name].tobytes() for name in _INT_COLUMNS]
-    parts += [np.ascontiguousarray(getattr(table, name), dtype=np.uint8).tobytes()
+    parts += [np.packbits(np.asarray(getattr(table, name), dtype=np.bool_)).tobytes()
               for name in _BOOL_COLUMNS]  # fmt: skip
     return b"".join(parts)
 
@@ -135,7 +145,7 @@ def decode(payload: bytes, name: str, file_size: int) -> SampleTable:
         raise DamagedEntry(f"column types {types!r}")
     widths = [np.dtype(types[c]).itemsize for c in _INT_COLUMNS]
     # Every count against the entry's length before an array is made.
-    expected = pos + (extra or 0) + n * (sum(widths) + len(_BOOL_COLUMNS))
+    expected = pos + (extra or 0) + n * sum(widths) + len(_BOOL_COLUMNS) * ((n + 7) // 8)
     if expected != len(payload):
         raise DamagedEntry(f"{len(payload)} bytes where {n} samples take {expected}")
     sides = (ints["width"], ints["height"])
@@ -148,14 +158,17 @@ def decode(payload: bytes, name: str, file_size: int) -> SampleTable:
     arrays: dict[str, Any] = {}
     for column, width in zip(_INT_COLUMNS, widths, strict=True):
         raw = np.frombuffer(payload, dtype=types[column], count=n, offset=pos)
-        arrays[column] = raw.astype(np.int64)
+        values = raw.astype(np.int64)
+        if column in _DELTA_COLUMNS:  # (a sum that wraps is caught by the checks below)
+            values = np.cumsum(values, dtype=np.int64)
+        arrays[column] = values
         pos += n * width
     for column in _BOOL_COLUMNS:
-        raw = np.frombuffer(payload, dtype=np.uint8, count=n, offset=pos)
-        if n and int(raw.max()) > 1:
-            raise DamagedEntry(f"{column} holds {int(raw.max())}")
-        arrays[column] = raw.astype(np.bool_)
-        pos += n
+        bits: npt.NDArray[np.uint8] = np.frombuffer(
+            payload, dtype=np.uint8, count=(n + 7) // 8, offset=pos
+        )
+        arrays[column] = np.unpackbits(bits, count=n).astype(np.bool_)
+        pos += (n + 7) // 8
     offset, size = arrays["offset"], arrays["size"]
     if n and (
         int(offset.min()) < 0 or int(size.min()) < 0 or int((offset + size).max()) > file_size
