@@ -885,16 +885,15 @@ class HubClient:
 
     # -- where files are served (plain synchronous state) -----------------------------------
 
-    def route_nowait(
-        self, key: str, own: Route | None, *, look: bool = False
-    ) -> tuple[Route | Pending | None, bool]:
+    def route_of(self, key: str) -> Route | None:
+        """The route cached for file ``key`` (expired or not), without taking the lead."""
+        return self._routes.get(key)
+
+    def route_nowait(self, key: str, own: Route | None) -> tuple[Route | Pending | None, bool]:
         """Where to read file ``key``: a cached route, a resolution to wait for, or None
         (this caller resolves it: it is the leader until ``set_route``/``resolution_ended``).
-        The flag says a cached route had expired and was dropped. ``look``: only look
-        (None: no route, and the caller does not become the leader)."""
+        The flag says a cached route had expired and was dropped."""
         route = self._routes.get(key)
-        if look:
-            return route or self._pending.get(key), False
         dropped = False
         if route is not None:
             # A route the caller just learned is used at least once, expired or not:

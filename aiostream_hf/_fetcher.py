@@ -399,8 +399,8 @@ class RangeFetcher:
     def known_route(self, file: FileRef) -> tuple[str, float | None] | None:
         """Where ``file``'s bytes are read now, when a redirect sent them elsewhere (its
         CDN URL, and until when it is used), else None."""
-        found, _ = self._hub.route_nowait(self._route_key_of(file), None, look=True)
-        if not isinstance(found, Route) or found.direct or found.expired(time.time()):
+        found = self._hub.route_of(self._route_key_of(file))
+        if found is None or found.direct or found.expired(time.time()):
             return None
         return found.url, found.reuse_until
 
@@ -408,8 +408,7 @@ class RangeFetcher:
         """Read ``file`` from ``url`` (its CDN URL, kept from an earlier process) until
         ``reuse_until``, unless a route is known already. A refused one is resolved again."""
         key = self._route_key_of(file)
-        found, _ = self._hub.route_nowait(key, None, look=True)
-        if found is None:
+        if self._hub.route_of(key) is None:
             route = Route(url, direct=False, reuse_until=reuse_until)
             self._hub.set_route(key, route, leader=False)
 
