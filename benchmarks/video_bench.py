@@ -220,7 +220,7 @@ def _frames_worker(spec: dict[str, Any]) -> dict[str, Any]:
         from aiostream_hf import StreamOptions, video
 
         t0 = time.perf_counter()
-        cached: list[tuple[Any, Any]] = []
+        cached: list[tuple[Any, Any, Any]] = []
 
         async def run_cached() -> None:
             # The Hub file by name: its version from the resolver (its on-disk cache when
@@ -230,19 +230,23 @@ def _frames_worker(spec: dict[str, Any]) -> dict[str, Any]:
             )
             url = f"hf://datasets/{spec['repo']}/{spec['path']}"
             async with video.open(url, options=options, endpoint=spec["endpoint"]) as reader:
+                out["open_seconds"] = time.perf_counter() - t0  # resolved, index read
                 if contender == "aiostream-prime":  # opens only: the index, no GOP
-                    cached.append((None, reader.statistics()))
+                    cached.append((None, reader.statistics(), None))
                     return
                 got = await reader.frames_at(times)
-                cached.append((got, reader.statistics()))
+                fetcher = reader._source
+                cached.append((got, reader.statistics(), fetcher.statistics()))
 
         anyio.run(run_cached)
-        got, vstats = cached[0]
+        got, vstats, fstats = cached[0]
         frames = [] if got is None else list(got.data)
         elapsed = time.perf_counter() - t0
         from dataclasses import asdict
 
         out["video_statistics"] = asdict(vstats)
+        if fstats is not None:
+            out["fetcher_statistics"] = asdict(fstats)
     elif contender in ("pyav-local", "download-decode"):
         import av
         from huggingface_hub import hf_hub_download
