@@ -164,17 +164,21 @@ def _frames_cached_vs_local(data: Results, r: Ratio) -> str:
     plain_served = _median([float(x["bytes_served"]) for x in plain]) if plain else float("nan")
     cached = sum(bool(x["video_statistics"].get("index_cached")) for x in runs)
     frame_bytes = _median([float(x["video_statistics"]["frame_bytes"]) for x in runs])
+    api = req["api"]
     serial = (
-        f" Its {req['api']:g} API requests (the commit's pin, then the listing) come one "
-        f"after the other before the resolve: {req['api']:g} round trips the target does "
-        "not count."
-        if req["api"]
+        f" Its API requests ({api:g}: the branch's pin"
+        + (", then the listing" if api > 1 else "")
+        + f") come one after the other before the file's first read: {api:g} round "
+        + ("trips" if api != 1 else "trip")
+        + " the target does not count."
+        if api
         else ""
     )
     return (
         f"{ours}'s lead over the local read is {_ms(_median(leads))} (median; per round "
         f"{_ms(min(leads))} to {_ms(max(leads))}), where {_target(r)} of the local read "
-        f"({_ms(local)}) plus {trips} round trips of {_ms(latency)} leaves {_ms(allowed)}. "
+        f"({_ms(local)}) plus {trips} round trip{'s' if trips != 1 else ''} of "
+        f"{_ms(latency)} leaves {_ms(allowed)}. "
         f"At the server it sent {req['api']:g} API, {req['resolvers']:g} resolver and "
         f"{req['cdn']:g} CDN requests (medians), and took its index from the byte cache in "
         f"{cached} of {len(runs)} rounds; it was served {served / 1e6:.1f} MB "

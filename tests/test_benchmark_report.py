@@ -450,4 +450,5 @@ def test_a_missed_cached_frames_ratio_is_explained_from_its_run() -> None:
     assert "2 API, 1 resolver and 16 CDN requests" in line
     assert f"in 0 of {len(rounds)} rounds" in line
     assert "12.5 MB" in line
+    assert "the branch's pin, then the listing" in line
     assert "2 round trips the target does not count" in line
