@@ -297,3 +297,29 @@ def test_decode_checks_every_count_and_value() -> None:
     bad_codec = payload.replace(b'"codec":"h264"', b'"codec":"av1!"')
     with pytest.raises(DamagedEntry, match="codec"):
         decode(bad_codec, "v.mp4", 250)
+
+
+@pytest.mark.parametrize("kept", ["expired", "forged"])
+async def test_a_kept_route_that_is_no_use_is_resolved_again_and_replaced(
+    hub: HubServer, tmp_path: Path, kept: str
+) -> None:
+    """The CDN URL kept beside the index: one past its time is not used, one the CDN
+    refuses (a signature that does not match) is resolved again; the new one is kept."""
+    options = _options(tmp_path)
+    await _open(hub, options, TIMES)
+    (route,) = [p for p in _entries(options) if p.stat().st_size <= 1024]
+    found = json.loads(route.read_bytes()[24:])  # after the store's header
+    if kept == "expired":
+        found["reuse_until"] = 1.0
+    else:
+        found["url"] = found["url"].replace("sig=", "sig=0")
+    cache = ByteCache(options.resolved_byte_cache_dir(), 1 << 30)
+    assert cache._write_entry(route, json.dumps(found).encode())
+    frames, warm, counts, sent = await _open(hub, options, NEW_TIMES)
+    assert np.array_equal(frames, await _plain(hub, tmp_path, NEW_TIMES))
+    assert warm.index_cached
+    assert sent["resolvers"] == 1  # resolved again, once
+    assert counts["entries_written"] == 1  # the new route
+    _, again, _, sent = await _open(hub, options, TIMES)
+    assert again.index_cached
+    assert (sent["api"], sent["resolvers"]) == (0, 0)  # the new route serves
