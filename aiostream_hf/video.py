@@ -213,7 +213,7 @@ class VideoReader:
 
             async def index() -> _Indexed | _Demuxed:
                 if resolver is not None:
-                    self.file = await _listed(url, resolver)
+                    self.file = await _listed(url, resolver, source)
                 self._index_cache = IndexCache.of(source, self.file)
                 return await _load(self.file, source, self._stats, max_whole, self._index_cache)
 
