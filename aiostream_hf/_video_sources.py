@@ -1,6 +1,7 @@
 """What ``video.open`` reads, as a ``FileRef``: an http(s), ``hf://``, ``s3://`` or
-file:// URL, a local path, or a ``FileRef``. An ``hf://`` file or an ``s3://`` object
-gets its URL, size and ETag from its listing when the reader opens (``_listed``)."""
+file:// URL, a local path, or a ``FileRef``. An ``hf://`` file gets its URL, size and ETag
+from one HEAD of its ``/resolve/`` URL when the reader opens, an ``s3://`` object from
+its listing (``_listed``)."""
 
 from __future__ import annotations
 
