@@ -13,9 +13,9 @@ as the event loop waited for them, and their own time in the thread. Writes noth
 
 What it found (issue 33, line 3): a warm open's largest cost was importing
 huggingface_hub's ``get_token`` (80-100 ms) to read a token file that did not exist;
-a warm open now takes 6-23 ms on a busy machine, with no request. A cold open waits for
-the branch's pin and the folder's listing (two API round trips) before the file's first
-read.
+a warm open now takes 6-23 ms on a busy machine, with no request. A cold open waited
+for the branch's pin and the folder's listing (two API round trips) before the file's
+first read; it now resolves the file with one HEAD of its ``/resolve/`` URL.
 """
 
 from __future__ import annotations
