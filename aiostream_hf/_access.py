@@ -31,6 +31,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import os
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -208,7 +209,12 @@ def _token_from_file() -> str | None:
     path = token_file()
     where = f"the token file {path}"
     fix = "log in again (hf auth login), fix or delete the file, or pass token="
-    if os.environ.get("HF_OIDC_RESOURCE") or _is_hub_library_path(path):
+    # huggingface_hub's get_token() (its import: 80-100 ms, a fresh process's largest cost
+    # in opening a video it already knows) is needed for what it adds to reading the
+    # file: OIDC, a refreshed OAuth login (in the file), Colab's secrets.
+    if os.environ.get("HF_OIDC_RESOURCE") or (
+        _is_hub_library_path(path) and (path.exists() or "google.colab" in sys.modules)
+    ):
         from huggingface_hub import get_token
 
         try:

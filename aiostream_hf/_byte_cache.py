@@ -37,6 +37,14 @@ The blocks held are kept under ``limit`` bytes: a process that wrote more than a
 sixteenth of the limit since its last look counts the folder, and evicts the blocks
 least recently used (a hit sets a block's modification time, at most once a minute)
 down to seven eighths of the limit, one process at a time (``evict.lock``).
+
+Entries. Besides blocks, the store keeps small entries that other parts of the library
+derive from a file's bytes (a video's parsed index, ``_video_index_cache``): one file
+``entries/KK/KEY.ent`` each, keyed like a block (the file's path, size and ETag, the
+scope, and what the entry is), written and checked the same way (a header with magic,
+length and CRC, a temporary name renamed into place, 0600), and counted under the same
+limit and evicted with the blocks, least recently used first (``read_entry`` /
+``write_entry``). An entry longer than ``MAX_ENTRY`` bytes is neither written nor read.
 """
 
 from __future__ import annotations
@@ -63,13 +71,19 @@ import filelock
 
 from ._models import FileRef
 
-__all__ = ["BLOCK", "ByteCache", "ByteCacheStatistics"]
+__all__ = ["BLOCK", "MAX_ENTRY", "ByteCache", "ByteCacheStatistics"]
 
 logger = logging.getLogger("aiostream_hf")
 
 BLOCK = 1024 * 1024
 _MAGIC = b"ASHBLK1\0"
 _HEADER = struct.Struct("<8sQI4x")  # magic, payload length, CRC-32 of the payload
+_ENTRY_MAGIC = b"ASHENT1\0"
+#: The longest entry kept (a video index of ``MAX_SAMPLES`` samples is far shorter than
+#: a file's worth; an entry's header is checked against this before a byte is allocated).
+MAX_ENTRY = 256 * 1024 * 1024
+#: The folders of the store whose files count under the limit (blocks, then entries).
+_KINDS = ("blocks", "entries")
 _FOLDER_MODE = 0o700
 _FILE_MODE = 0o600
 _TMP_SUFFIX = ".tmp"
@@ -94,8 +108,10 @@ class ByteCacheStatistics:
         task) that was fetching them.
     corrupt: blocks found damaged on disk (deleted, fetched again).
     write_failures: blocks that could not be written (the disk full, a permission).
-    evicted / evicted_bytes: blocks (and bytes) this process evicted.
+    evicted / evicted_bytes: blocks and entries (and their bytes) this process evicted.
     lock_timeouts: runs of blocks fetched without the cache, their locks not had in time.
+    entry_hits / entry_misses / entries_written: entries (``read_entry``) found, not
+        found (or damaged: counted in ``corrupt`` too), written.
     """
 
     hits: int = 0
@@ -108,6 +124,9 @@ class ByteCacheStatistics:
     evicted: int = 0
     evicted_bytes: int = 0
     lock_timeouts: int = 0
+    entry_hits: int = 0
+    entry_misses: int = 0
+    entries_written: int = 0
 
 
 def _whole(blocks: list[tuple[int, str]]) -> list[tuple[int, str, tuple[int, int] | None]]:
@@ -446,10 +465,97 @@ class ByteCache:
                 runs.append((s, e))
         return runs
 
+    # -- entries --------------------------------------------------------------------------
+
+    def _entry_key(self, file: FileRef, scope: str, what: str) -> str:
+        ident = f"entry\0{what}\0{scope}\0{file.path}\0{file.size}\0{file.etag}"
+        return hashlib.sha256(ident.encode()).hexdigest()
+
+    async def read_entry(self, file: FileRef, scope: str, what: str) -> bytes | None:
+        """The payload of ``file``'s entry ``what`` (for ``scope``), checked (its length,
+        its CRC); None when there is none, or it is damaged (then deleted)."""
+        if not self._prepared:
+            await anyio.to_thread.run_sync(self._prepare)
+        path = self._path(self._entry_key(file, scope, what), "entries", ".ent")
+        return await anyio.to_thread.run_sync(self._read_entry, path)
+
+    async def write_entry(self, file: FileRef, scope: str, what: str, payload: bytes) -> bool:
+        """Keep ``payload`` as ``file``'s entry ``what`` (for ``scope``): written atomically,
+        0600, counted under the limit. False when it was not kept (too long, a write that
+        failed: logged once)."""
+        if len(payload) > MAX_ENTRY:
+            return False
+        if not self._prepared:
+            await anyio.to_thread.run_sync(self._prepare)
+        path = self._path(self._entry_key(file, scope, what), "entries", ".ent")
+        return await anyio.to_thread.run_sync(self._write_entry, path, payload)
+
+    async def drop_entry(self, file: FileRef, scope: str, what: str, why: str) -> None:
+        """Delete ``file``'s entry ``what``: its payload was found damaged (``why``)."""
+        path = self._path(self._entry_key(file, scope, what), "entries", ".ent")
+        self._counts["corrupt"] += 1
+        self._counts["entry_hits"] -= 1  # found, but of no use
+        self._counts["entry_misses"] += 1
+        logger.warning("aiostream-hf: the cached entry %s is damaged (%s): read again", path, why)
+        with contextlib.suppress(OSError):
+            await anyio.to_thread.run_sync(path.unlink)
+
+    def _read_entry(self, path: Path) -> bytes | None:
+        try:
+            with open(path, "rb", buffering=0) as f:
+                st = os.fstat(f.fileno())
+                header = f.read(_HEADER.size)
+                ok = len(header) == _HEADER.size
+                if ok:
+                    magic, length, crc = _HEADER.unpack(header)
+                    # Checked before a byte is allocated: the header must agree with the
+                    # file's size, and be no longer than an entry may be.
+                    ok = (
+                        magic == _ENTRY_MAGIC
+                        and length <= MAX_ENTRY
+                        and st.st_size == _HEADER.size + length
+                    )
+                if ok:
+                    payload = bytearray(length)
+                    got = f.readinto(payload) or 0
+                    ok = got == length and zlib.crc32(payload) == crc
+        except FileNotFoundError:
+            self._counts["entry_misses"] += 1
+            return None
+        except OSError as exc:
+            logger.warning("aiostream-hf: cannot read the cached entry %s (%s)", path, exc)
+            self._counts["entry_misses"] += 1
+            return None
+        if not ok:
+            self._counts["corrupt"] += 1
+            self._counts["entry_misses"] += 1
+            logger.warning("aiostream-hf: the cached entry %s is damaged: read again", path)
+            with contextlib.suppress(OSError):
+                path.unlink()
+            return None
+        if time.time() - st.st_mtime > _TOUCH_EVERY_S:  # recently used: evicted last
+            with contextlib.suppress(OSError):
+                os.utime(path)
+        self._counts["entry_hits"] += 1
+        self._counts["bytes_read"] += length
+        return bytes(payload)
+
+    def _write_entry(self, path: Path, payload: bytes) -> bool:
+        header = _HEADER.pack(_ENTRY_MAGIC, len(payload), zlib.crc32(payload))
+        if not self._store(path, payload, header):
+            return False
+        self._counts["entries_written"] += 1
+        self._counts["bytes_written"] += len(payload)
+        self._written_since_look += len(payload) + _HEADER.size
+        if self._written_since_look > self.limit // 16:
+            self._written_since_look = 0
+            self.evict()
+        return True
+
     # -- on disk (worker threads) ---------------------------------------------------------
 
     def _prepare(self) -> None:
-        for kind in ("blocks", "locks"):
+        for kind in (*_KINDS, "locks"):
             (self.folder / kind).mkdir(mode=_FOLDER_MODE, parents=True, exist_ok=True)
         with contextlib.suppress(OSError):
             os.chmod(self.folder, _FOLDER_MODE)
@@ -545,14 +651,16 @@ class ByteCache:
             self._written_since_look = 0
             self.evict()
 
-    def _store(self, path: Path, data: bytes) -> bool:
+    def _store(self, path: Path, data: bytes, header: bytes | None = None) -> bool:
+        if header is None:
+            header = _HEADER.pack(_MAGIC, len(data), zlib.crc32(data))
         tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}{_TMP_SUFFIX}")
         try:
             path.parent.mkdir(mode=_FOLDER_MODE, exist_ok=True)
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, _FILE_MODE)
             try:
                 with os.fdopen(fd, "wb") as f:
-                    self._write(f, _HEADER.pack(_MAGIC, len(data), zlib.crc32(data)) + data)
+                    self._write(f, header + data)
                     f.flush()
                     st = os.fstat(f.fileno())
                 os.replace(tmp, path)
@@ -583,8 +691,8 @@ class ByteCache:
         f.write(data)
 
     def evict(self) -> None:
-        """Keep the blocks under the limit: the least recently used go first, down to
-        seven eighths of it. One process at a time; a pass another runs is enough."""
+        """Keep the blocks and entries under the limit: the least recently used go first,
+        down to seven eighths of it. One process at a time; a pass another runs is enough."""
         lock = filelock.FileLock(self.folder / "evict.lock", thread_local=False)
         try:
             lock.acquire(timeout=0)
@@ -594,7 +702,11 @@ class ByteCache:
             blocks: list[tuple[float, int, Path]] = []
             total = 0
             now = time.time()
-            for sub in (self.folder / "blocks").iterdir():
+            subs = []
+            for kind in _KINDS:
+                with contextlib.suppress(FileNotFoundError):
+                    subs += list((self.folder / kind).iterdir())
+            for sub in subs:
                 with contextlib.suppress(OSError):
                     for entry in os.scandir(sub):
                         st = entry.stat(follow_symlinks=False)

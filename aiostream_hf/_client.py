@@ -885,6 +885,10 @@ class HubClient:
 
     # -- where files are served (plain synchronous state) -----------------------------------
 
+    def route_of(self, key: str) -> Route | None:
+        """The route cached for file ``key`` (expired or not), without taking the lead."""
+        return self._routes.get(key)
+
     def route_nowait(self, key: str, own: Route | None) -> tuple[Route | Pending | None, bool]:
         """Where to read file ``key``: a cached route, a resolution to wait for, or None
         (this caller resolves it: it is the leader until ``set_route``/``resolution_ended``).

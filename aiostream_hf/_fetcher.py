@@ -37,6 +37,7 @@ import dataclasses
 import functools
 import hashlib
 import logging
+import time
 from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -207,9 +208,12 @@ class RangeFetcher:
         self._shared: contextlib.AbstractAsyncContextManager[HubClient] | None = None
         self._timeout = httpx2.Timeout(self.options.timeout)
         self._pacing = self.options.pacing()
-        # CDN URLs are cached per token: a private file's signed URL, learned with a
-        # token, is never handed to a reader without it.
-        self._route_scope = hashlib.sha256((token or "").encode()).hexdigest()[:16]
+        # CDN URLs (and the byte cache's blocks and entries) are kept per token: a private
+        # file's signed URL or bytes, had with a token, are never handed to a reader
+        # without it. The access's token: ``token=`` is None when ``access=`` is given.
+        self._route_scope = hashlib.sha256(
+            (self._token or "").encode("utf-8", "surrogatepass")
+        ).hexdigest()[:16]
         self._limiter = anyio.CapacityLimiter(n)
         self._closed = False
         # Transfers holding an open response, closed by aclose().
@@ -306,14 +310,16 @@ class RangeFetcher:
         ranges: Sequence[tuple[int, int]],
         *,
         part_size: int | None = None,
+        keep: bool = True,
     ) -> list[bytes]:
         """One bytes per (start, end exclusive) range, in the order given.
 
         Ranges closer than ``options.coalesce_gap`` share a request; requests
         over ``options.max_range_size`` (``part_size``, when given) are split; all
-        are fetched concurrently.
+        are fetched concurrently. ``keep=False``: not through the byte cache (bytes
+        that something derived from them is kept for instead: a video's index).
         """
-        data = await self._read_spans(file, ranges, part_size=part_size, in_place=False)
+        data = await self._read_spans(file, ranges, part_size=part_size, in_place=False, keep=keep)
         return cast(list[bytes], data)  # bytes: not received in place
 
     async def read_buffers(
@@ -339,6 +345,7 @@ class RangeFetcher:
         *,
         part_size: int | None,
         in_place: bool,
+        keep: bool = True,
     ) -> list[bytes | bytearray | memoryview]:
         self._check_open()
         spans = [_check_range(file, s, e) for s, e in ranges]
@@ -349,7 +356,7 @@ class RangeFetcher:
             with stage_network():
                 return list(await self._read_local(file, path, spans))
         max_size = self.options.max_range_size if part_size is None else part_size
-        if self._caches(file):
+        if keep and self._caches(file):
             kept = await self._cached_read(file, spans, max_size)
             if in_place:  # views of the blocks, read-only for the decoder
                 return [memoryview(b).toreadonly() for b in kept]
@@ -361,9 +368,49 @@ class RangeFetcher:
             return _assemble(spans, parts, [memoryview(b).toreadonly() for b in data])
         return _assemble(spans, parts, data)
 
-    def _caches(self, file: FileRef) -> bool:
+    def caches(self, file: FileRef) -> bool:
         """Whether ``file``'s bytes go through the byte cache (``ByteCache.holds``)."""
         return self._byte_cache is not None and self._byte_cache.holds(file)
+
+    _caches = caches
+
+    # -- entries of the byte cache's store, and routes (``_video_index_cache``) -------------
+
+    async def read_entry(self, file: FileRef, what: str) -> bytes | None:
+        """The byte cache's entry ``what`` of ``file`` for this fetcher's credentials
+        (``ByteCache.read_entry``); None without one (or without a byte cache)."""
+        if self._byte_cache is None or not self._byte_cache.holds(file):
+            return None
+        return await self._byte_cache.read_entry(file, await self._cache_scope(file), what)
+
+    async def write_entry(self, file: FileRef, what: str, payload: bytes) -> bool:
+        """Keep ``payload`` as the entry ``what`` of ``file`` (``ByteCache.write_entry``)."""
+        if self._byte_cache is None or not self._byte_cache.holds(file):
+            return False
+        return await self._byte_cache.write_entry(
+            file, await self._cache_scope(file), what, payload
+        )
+
+    async def drop_entry(self, file: FileRef, what: str, why: str) -> None:
+        """Delete the entry ``what`` of ``file``: it did not decode (``why``)."""
+        if self._byte_cache is not None and self._byte_cache.holds(file):
+            await self._byte_cache.drop_entry(file, await self._cache_scope(file), what, why)
+
+    def known_route(self, file: FileRef) -> tuple[str, float | None] | None:
+        """Where ``file``'s bytes are read now, when a redirect sent them elsewhere (its
+        CDN URL, and until when it is used), else None."""
+        found = self._hub.route_of(self._route_key_of(file))
+        if found is None or found.direct or found.expired(time.time()):
+            return None
+        return found.url, found.reuse_until
+
+    def learn_route(self, file: FileRef, url: str, reuse_until: float | None) -> None:
+        """Read ``file`` from ``url`` (its CDN URL, kept from an earlier process) until
+        ``reuse_until``, unless a route is known already. A refused one is resolved again."""
+        key = self._route_key_of(file)
+        if self._hub.route_of(key) is None:
+            route = Route(url, direct=False, reuse_until=reuse_until)
+            self._hub.set_route(key, route, leader=False)
 
     async def _cached_read(
         self, file: FileRef, spans: Sequence[tuple[int, int]], max_size: int
@@ -563,7 +610,10 @@ class RangeFetcher:
                 raise _copy_error(found.error) from found.error
 
     def _route_key(self, transfer: _Transfer) -> str:
-        return f"{self._route_scope}:{transfer.file.url}"
+        return self._route_key_of(transfer.file)
+
+    def _route_key_of(self, file: FileRef) -> str:
+        return f"{self._route_scope}:{file.url}"
 
     def _route_nowait(self, transfer: _Transfer) -> Route | Pending | None:
         if transfer.leader:
@@ -705,10 +755,18 @@ class _Chunks(Protocol):
     async def aclose(self) -> None: ...
 
 
+#: A cached stream's span no longer than this is taken from the byte cache at once: its
+#: missing blocks fetched side by side, one request each (a video's group of GOPs: one
+#: round trip, where block after block took one each).
+_CACHED_SPAN_AT_ONCE = 16 * 1024 * 1024
+
+
 class _CachedChunks:
     """A file's bytes from ``start`` to ``end`` through the byte cache: ``block_size``
     bytes at a time are taken from it (``ByteCache.read_blocks``), given as views of its
-    blocks, one per chunk, so that nothing is joined."""
+    blocks, one per chunk, so that nothing is joined. A span of at most
+    ``_CACHED_SPAN_AT_ONCE`` bytes is taken at once, its missing blocks fetched
+    concurrently, one request per block (each over its own connection)."""
 
     def __init__(self, fetcher: RangeFetcher, file: FileRef, start: int, end: int, block: int):
         self._fetcher = fetcher
@@ -722,9 +780,12 @@ class _CachedChunks:
         if not self._ready:
             if self._pos >= self._end:
                 return None
-            end = min(self._end, self._pos + self._block)
             cache = self._fetcher._byte_cache
             assert cache is not None
+            end = min(self._end, self._pos + self._block)
+            max_request = self._fetcher.options.max_range_size
+            if self._end - self._pos <= _CACHED_SPAN_AT_ONCE:
+                end, max_request = self._end, cache.block
             with stage_network():
                 views = await cache.read_blocks(
                     self._file,
@@ -732,7 +793,7 @@ class _CachedChunks:
                     self._pos,
                     end,
                     functools.partial(self._fetcher._fetch_parts, self._file),
-                    max_request=self._fetcher.options.max_range_size,
+                    max_request=max_request,
                 )
             self._ready.extend(views)
             self._pos = end

@@ -215,6 +215,9 @@ T = TypeVar("T")
 
 _MANIFEST_CODEC: _Codec[Manifest] = _Codec("manifest", Manifest.to_json, Manifest.from_json)
 _PIN_CODEC: _Codec[hub.Pin] = _Codec("pin", hub.Pin.to_json, hub.Pin.from_json)
+_HEAD_CODEC: _Codec[hub.FileHead | None] = _Codec(
+    "file", lambda h: h and h.to_json(), lambda d: d and hub.FileHead.from_json(d)
+)
 # Memory only: a tree listing can be large, and the manifests made from it are on disk.
 _TREE_CODEC: _Codec[tuple[_File, ...]] = _Codec("tree")
 _CARD_CODEC: _Codec[dict[str, Any] | None] = _Codec("card")
@@ -409,6 +412,29 @@ class Resolver:
         if run:
             manifests.append(await self._resolve_run(run, config, split, call))
         return manifests[0] if len(manifests) == 1 else combine_manifests(manifests)
+
+    async def file_head(self, src: HubSource) -> tuple[FileRef, str | None] | None:
+        """One Hub file in one request (``hub.fetch_file_head``): its FileRef at the
+        commit, and the CDN URL it redirects to (None if cached). Shared like a pin
+        (``pin_ttl``; a commit's forever). None: the answer lacked a field (list it)."""
+        assert src.path is not None  # (a closed resolver refuses in _get)
+        call = _Call(self._access or await find_access())
+        endpoint, revision = call.access.endpoint, src.revision or "main"
+        where, found = _Where(src.repo_id, revision, None, endpoint), [cast("str | None", None)]
+
+        async def fetch() -> hub.FileHead | None:
+            head, found[0] = await hub.fetch_file_head(self._hub_get(call), where, src.path or "")
+            return head
+
+        key = ("file", await call.identity(), endpoint, src.repo_id, revision, src.path)
+        ttl = None if hub.is_sha(revision) else self._options.pin_ttl
+        head = await self._once(key, fetch, _HEAD_CODEC, ttl=ttl, call=call)
+        if head is None:
+            return None
+        if found[0] is None and not hub.is_sha(revision):  # shared: forgotten if stale
+            self._shared_pins[(endpoint, src.repo_id, head.sha)] = key
+        url = f"{endpoint}/datasets/{src.repo_id}/resolve/{head.sha}/{quote(src.path)}"
+        return FileRef(url, src.path, size=head.size, etag=head.etag), found[0]
 
     async def _resolve_run(
         self,

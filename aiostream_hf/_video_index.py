@@ -39,6 +39,7 @@ from ._mp4 import (
 from ._stalls import bytes_wait, run_decode
 from ._video_decode import _VIDEO_COALESCE_GAP, _check_length, _Indexed
 from ._video_demux import _Demuxed
+from ._video_index_cache import IndexCache
 from .formats import ByteSource
 
 _HOP_REACH = 16 * 1024 * 1024  # a read towards moov goes on to the tail read when this near
@@ -146,11 +147,14 @@ class _Reads:
 async def _read_index(
     source: ByteSource, file: FileRef, ranges: list[tuple[int, int]]
 ) -> list[bytes]:
-    """Index bytes: a RangeFetcher's come in concurrent parts of ``_INDEX_PART`` bytes."""
+    """Index bytes: a RangeFetcher's come in concurrent parts of ``_INDEX_PART`` bytes,
+    past its byte cache when the parsed index is kept instead (``_video_index_cache``),
+    unless they are the whole file (its frames are then read from its blocks)."""
     from ._fetcher import RangeFetcher
 
     if isinstance(source, RangeFetcher):
-        return await source.read_ranges(file, ranges, part_size=_INDEX_PART)
+        whole = ranges == [(0, file.size)]
+        return await source.read_ranges(file, ranges, part_size=_INDEX_PART, keep=whole)
     return await source.read_ranges(file, ranges)
 
 
@@ -216,12 +220,24 @@ async def _read_ends(file: FileRef, source: ByteSource, stats: dict[str, Any]) -
 
 
 async def _load(
-    file: FileRef, source: ByteSource, stats: dict[str, Any], max_whole: int
+    file: FileRef,
+    source: ByteSource,
+    stats: dict[str, Any],
+    max_whole: int,
+    cache: IndexCache | None = None,
 ) -> _Indexed | _Demuxed:
     """The file's index, or, without one, the whole file when it is at most ``max_whole``
     bytes (``StreamOptions.max_whole_video_bytes``), else a way to read it by range in
-    bounded blocks, at most ``max_whole`` bytes per pass (``_video_demux``)."""
+    bounded blocks, at most ``max_whole`` bytes per pass (``_video_demux``).
+
+    ``cache``: where this machine keeps the file's parsed index (``IndexCache.of``): read
+    from there when it is, kept there after a parse when it is not."""
     name = file.path
+    if cache is not None:
+        table = await cache.load()
+        if table is not None:  # parsed by a process of this machine before: no request
+            stats["index_cached"] = True
+            return await run_decode(_Indexed, table, None)
     reads = await _read_ends(file, source, stats)
     table = await _moov_at_end(reads, name)
     if table is not None:  # the tail read held the index: the head is not needed
@@ -240,7 +256,10 @@ async def _load(
         found = NoIndex(f"a {kind} file (only MP4 has an index read by range)")
     if isinstance(found, SampleTable):
         # A file the first reads hold whole is kept: its frames need no request.
-        return await run_decode(_Indexed, found, reads.whole())
+        whole = reads.whole()
+        if cache is not None and whole is None:  # (one held whole: in the byte cache)
+            await cache.store(found)
+        return await run_decode(_Indexed, found, whole)
     if reads.size <= max_whole:  # held whole: its frames need no more requests
         data = await reads.get(0, reads.size)
         return await run_decode(_Demuxed, data, found, name)

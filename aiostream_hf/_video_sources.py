@@ -1,6 +1,7 @@
 """What ``video.open`` reads, as a ``FileRef``: an http(s), ``hf://``, ``s3://`` or
-file:// URL, a local path, or a ``FileRef``. An ``hf://`` file or an ``s3://`` object
-gets its URL, size and ETag from its listing when the reader opens (``_listed``)."""
+file:// URL, a local path, or a ``FileRef``. An ``hf://`` file gets its URL, size and ETag
+from one HEAD of its ``/resolve/`` URL when the reader opens, an ``s3://`` object from
+its listing (``_listed``)."""
 
 from __future__ import annotations
 
@@ -67,10 +68,25 @@ def _file_ref(source: VideoSource) -> FileRef:
     return _local_ref(Path(os.fspath(source)).expanduser())
 
 
-async def _listed(uri: str, resolver: Resolver) -> FileRef:
-    """The ``FileRef`` of one S3 object or Hub file (URL, size, ETag), from its listing."""
-    manifest = await resolver.resolve(uri)
+async def _listed(uri: str, resolver: Resolver, source: object = None) -> FileRef:
+    """The ``FileRef`` of one S3 object or Hub file (URL, size, ETag), from its listing.
+
+    A Hub file: from one request, the HEAD of its ``/resolve/`` URL (``Resolver.file_head``:
+    the commit, the size, the ETag, and the CDN URL it redirects to, which ``source``, a
+    ``RangeFetcher``, then reads from: the index read is the open's second round trip);
+    from the repo's listing when that answer lacks one of them."""
     (src,) = parse_sources(uri)
+    if isinstance(src, HubSource):
+        found = await resolver.file_head(src)
+        if found is not None:
+            file, location = found
+            learn = getattr(source, "learn_route", None)
+            if location is not None and callable(learn):
+                from ._transfer import _reuse_until
+
+                learn(file, location, _reuse_until(location))
+            return file
+    manifest = await resolver.resolve(uri)
     want = src.path if isinstance(src, HubSource) else uri
     if len(manifest.files) != 1 or manifest.files[0].path != want:
         raise SourceError(f"cannot open {uri!r} as a video: name one file, not a folder")

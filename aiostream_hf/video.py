@@ -53,6 +53,7 @@ from ._video_demux import _decode_demuxed, _Demuxed
 from ._video_index import _load as _load
 from ._video_index import _Reads as _Reads
 from ._video_index import _tail_size as _tail_size
+from ._video_index_cache import IndexCache
 from ._video_sources import VideoSource as VideoSource
 from ._video_sources import _file_ref, _listed
 from ._video_sources import check_source as check_source
@@ -82,6 +83,9 @@ class VideoStatistics:
 
     indexed: True when frames are fetched from the MP4 index; False when the file
         had no usable index and was read whole (``fallback_reason`` says why).
+    index_cached: True when ``open`` found the parsed index in the byte cache's store
+        (``StreamOptions(byte_cache_bytes=)``), kept there by a process of this machine
+        that read it before: no index request (``index_requests`` 0).
     index_requests / index_bytes: ranges (and their bytes) read by ``open`` to find and
         read the index, or the whole file without one.
     frame_requests / frame_bytes: reads (and bytes) of frame samples, all sent at once:
@@ -100,6 +104,7 @@ class VideoStatistics:
 
     indexed: bool
     fallback_reason: str | None = None
+    index_cached: bool = False
     index_requests: int = 0
     index_bytes: int = 0
     frame_requests: int = 0
@@ -159,6 +164,7 @@ class VideoReader:
         self._closed = False
         self._lock = anyio.Lock()
         self._stats: dict[str, Any] = {}
+        self._index_cache: IndexCache | None = None  # where the machine keeps its index
 
     # -- lifecycle -------------------------------------------------------------------
 
@@ -207,8 +213,9 @@ class VideoReader:
 
             async def index() -> _Indexed | _Demuxed:
                 if resolver is not None:
-                    self.file = await _listed(url, resolver)
-                return await _load(self.file, source, self._stats, max_whole)
+                    self.file = await _listed(url, resolver, source)
+                self._index_cache = IndexCache.of(source, self.file)
+                return await _load(self.file, source, self._stats, max_whole, self._index_cache)
 
             # Listed: once more, with a fresh pin, if the Hub refuses the commit of a pin
             # shared through the resolution cache (a restarted server, a rewritten branch).
@@ -353,6 +360,8 @@ class VideoReader:
         if isinstance(index, _Indexed):
             async with self._lock:
                 images = await _decode_indexed(index, unique, self._source, self.file, self._count)
+                if self._index_cache is not None:  # the CDN URL the reads went to, if new
+                    await self._index_cache.store_route()
         else:
             images = await run_decode(_decode_demuxed, index, unique, self.file.path)
         try:

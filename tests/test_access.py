@@ -289,6 +289,40 @@ def test_hf_endpoint_set_before_import_in_a_fresh_process(hub: HubServer, tmp_pa
     assert json.loads(run.stdout) == {"rows": ROWS, "frames": 1}
 
 
+_TOKEN_MODULE = """
+import json, sys
+import anyio
+from aiostream_hf._access import find_access
+token = anyio.run(find_access).token
+print(json.dumps({"token": token, "imported": "huggingface_hub.utils._auth" in sys.modules}))
+"""
+
+
+@pytest.mark.parametrize("logged_in", [False, True])
+def test_huggingface_hubs_get_token_is_imported_only_for_a_token_file(
+    hub: HubServer, tmp_path: Path, logged_in: bool
+) -> None:
+    """Without a token file (nor OIDC, nor Colab), nothing get_token() adds can apply: its
+    import (a fresh process's largest cost in a warm video open) is not paid. With one,
+    the file is read through it (an OAuth login it refreshes)."""
+    home = tmp_path / "home"
+    home.mkdir()
+    if logged_in:
+        (home / "token").write_text(TOKEN)
+    run = subprocess.run(
+        [sys.executable, "-c", _TOKEN_MODULE],
+        env=_env(hub, home),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode == 0, run.stderr
+    expected = (
+        {"token": TOKEN, "imported": True} if logged_in else {"token": None, "imported": False}
+    )
+    assert json.loads(run.stdout) == expected
+
+
 @pytest.mark.parametrize("way", ["--token", *WAYS[1:4]])
 @pytest.mark.parametrize("command", ["ls", "head", "frames"])
 def test_cli_reads_a_private_repo(command: str, way: str, hub: HubServer, tmp_path: Path) -> None:

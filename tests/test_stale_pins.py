@@ -174,8 +174,9 @@ def test_a_commit_changed_under_a_running_server_is_read_afresh_in_sync_iteratio
 
 @pytest.mark.anyio
 async def test_video_open_after_a_restart_reads_the_new_file(root: Path, cache: Path) -> None:
-    """``video.open("hf://...")`` lists the file, then reads its index: a shared pin the
-    restarted server refuses is dropped there too, and the new video is opened."""
+    """``video.open("hf://...")`` resolves the file (a HEAD, shared like a pin), then
+    reads its index: a shared resolution the restarted server refuses is dropped there
+    too, and the new video is opened."""
     clip = make_repo(root, "org/clips", {}) / "clip.mp4"
     source = "hf://datasets/org/clips/clip.mp4"
     make_video(clip, frames=10, fps=10, width=32, height=24)
@@ -190,7 +191,11 @@ async def test_video_open_after_a_restart_reads_the_new_file(root: Path, cache: 
             frames = await r.frames_at([0.5])
         stats = second.stats()
     assert frames.data.shape[0] == 1
-    assert stats.by_endpoint["dataset_info"] == 1
+    # The file's shared resolution (one HEAD of its /resolve/ URL) names the old commit:
+    # its first read there is refused (404), it is dropped, and one HEAD resolves the file
+    # afresh (no pin, no listing); the small file is then read whole from the CDN.
+    assert dict(stats.by_endpoint) == {"resolve": 2, "cdn": 1}
+    assert stats.by_status[404] == 1
 
 
 # -- what stays an error ---------------------------------------------------------------------

@@ -30,7 +30,7 @@ from .._exceptions import (
     ResolutionError,
     RevisionNotFoundError,
 )
-from .._hub_layout import _File, _front_matter, _load_yaml, _short, _tree_file, _Where
+from .._hub_layout import _OID, _File, _front_matter, _load_yaml, _short, _tree_file, _Where
 from ._refusal import Refusal
 
 __all__ = [
@@ -39,10 +39,12 @@ __all__ = [
     "MAX_TREE_BYTES",
     "MAX_TREE_FILES",
     "MAX_TREE_PAGES",
+    "FileHead",
     "Get",
     "Pin",
     "check_access",
     "fetch_card",
+    "fetch_file_head",
     "fetch_pin",
     "http_error",
     "is_sha",
@@ -135,6 +137,55 @@ async def fetch_pin(get: Get, endpoint: str, repo: str, revision: str) -> Pin:
         card_known=True,
         gated=bool(gated),
     )
+
+
+@dataclass(frozen=True)
+class FileHead:
+    """One file of a repo at a revision, as its ``/resolve/`` URL's answer tells it: the
+    commit the revision names, the file's size and ETag."""
+
+    sha: str
+    size: int
+    etag: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"sha": self.sha, "size": self.size, "etag": self.etag}
+
+    @classmethod
+    def from_json(cls, data: Any) -> FileHead:
+        """From a cache entry, checked (an entry on disk is not trusted)."""
+        if not isinstance(data, dict):
+            raise ValueError(f"a file entry is {type(data).__name__}, not an object")
+        sha, size, etag = data.get("sha"), data.get("size"), data.get("etag")
+        if not isinstance(sha, str) or not _SHA.match(sha):
+            raise ValueError(f"a file entry's sha is {_short(sha)}")
+        if type(size) is not int or size < 0 or not isinstance(etag, str) or not etag:
+            raise ValueError(f"a file entry's size {_short(size)} or etag {_short(etag)}")
+        return cls(sha, size, etag)
+
+
+async def fetch_file_head(get: Get, where: _Where, path: str) -> tuple[FileHead | None, str | None]:
+    """``path``'s commit, size and ETag, and the URL it redirects to, from ONE request: a
+    HEAD of its ``/resolve/`` URL, not followed (the Hub's 302 to its CDN carries
+    ``X-Repo-Commit``, ``X-Linked-Size`` and ``X-Linked-Etag``; a file served directly,
+    ``Content-Length`` and ``ETag``). (None, None) when the answer lacks one of them:
+    the caller lists the repo instead. Errors as the Hub's codes say (``http_error``)."""
+    url = f"{where.endpoint}/datasets/{where.repo}/resolve/{quote(where.revision, safe='')}/"
+    url += quote(path)
+    answer = await get(url, where, method="HEAD", follow_redirects=False, body=None, missing=path)
+    headers = answer.response.headers
+    redirected = answer.response.is_redirect
+    sha = headers.get("x-repo-commit", "")
+    size = headers.get("x-linked-size" if redirected else "content-length", "")
+    etag = headers.get("x-linked-etag" if redirected else "etag", "").strip()
+    etag = etag.removeprefix("W/").strip('"')
+    location = headers.get("location") if redirected else None
+    if not _SHA.match(sha) or not size.isdigit() or not _OID.match(etag):
+        return None, None
+    if redirected and not location:
+        return None, None
+    target = None if location is None else str(answer.response.url.join(location))
+    return FileHead(sha, int(size), etag), target
 
 
 async def fetch_card(
