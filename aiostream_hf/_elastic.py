@@ -299,13 +299,16 @@ def merge_job(
     if not states:
         raise SourceError("merge_states([]): give the state of every consumer of the job")
     first = states[0]
-    elastic = _elastic_of(first, 0)
+    # A consumer that has not planned yet (never iterated, its source not resolved) has
+    # no 'elastic' field; it is at the start of its share.
+    planned = [i for i, s in enumerate(states) if not _unplanned(s)]
+    elastic = _elastic_of(states[planned[0]], planned[0]) if planned else None
     world = first.get("world_size")
     if not isinstance(world, int) or isinstance(world, bool) or world < 1:
         raise SourceError(f"states[0]['world_size'] is {_short(world)}, not a count >= 1")
     ranks: dict[int, int] = {}
     for i, s in enumerate(states):
-        mine = _elastic_of(s, i)
+        mine = elastic if _unplanned(s) else _elastic_of(s, i)
         for key in ("version", "kind", "epoch", "seed", "world_size"):
             if s.get(key) != first.get(key):
                 raise SourceError(
@@ -314,7 +317,7 @@ def merge_job(
                     "step (every consumer of the same stream, epoch and layout)"
                 )
         for key in ("stream", "dataset", "units", "base"):
-            if mine.get(key) != elastic.get(key):
+            if mine is not None and elastic is not None and mine.get(key) != elastic.get(key):
                 raise SourceError(
                     f"states[{i}]['elastic'][{key!r}] differs from states[0]'s: the states are "
                     f"of different {what} (or of jobs resumed from different states); merge "
@@ -336,6 +339,16 @@ def merge_job(
             f"{missing} are missing, and their samples would be lost or read twice; give the "
             "state of every consumer (rank x DataLoader worker), taken at the same step"
         )
+    if elastic is None:  # no consumer has begun: the job is at the epoch's start
+        return {
+            "version": first.get("version"),
+            "kind": JOB_KIND,
+            "of": first.get("kind"),
+            "epoch": first.get("epoch"),
+            "seed": first.get("seed"),
+            "samples": 0,
+            "elastic": None,
+        }
     units = elastic["units"]
     if not _count(units):
         raise SourceError(f"states[0]['elastic']['units'] is {_short(units)}: {_UNCHANGED}")
@@ -382,10 +395,10 @@ def merge_job(
 
 
 def consumer_state(
-    job: Mapping[str, Any], kind: str | None, same: Mapping[str, Any], consumer: int, consumers: int
+    job: Mapping[str, Any], kind: str | None, same: Mapping[str, Any]
 ) -> tuple[Base, dict[str, Any]]:
-    """A job state checked for a stream (``same``: name -> this stream's value): its
-    base, and its ``elastic`` field as consumer ``consumer`` of ``consumers`` sees it."""
+    """A job state checked for a stream (``same``: name -> this stream's value): its base
+    and its ``elastic`` field."""
     if job.get("of") != kind:
         raise SourceError(
             f"the job state is of {_short(job.get('of'))} streams, not of this one's kind "
@@ -397,7 +410,11 @@ def consumer_state(
                 f"the job state was saved with {key}={job.get(key)!r} but this stream has "
                 f"{key}={mine!r}: resume with the same arguments"
             )
-    elastic = _elastic_of(job, None)
+    elastic = job.get("elastic")
+    if elastic is not None and not isinstance(elastic, Mapping):
+        raise SourceError(f"state['elastic'] is {_short(elastic)}: {_UNCHANGED}")
+    if not isinstance(elastic, Mapping) or "units" not in elastic:  # checked kind and args only
+        return Base(), {}
     units = elastic.get("units")
     if not _count(units):
         raise SourceError(f"state['elastic']['units'] is {_short(units)}: {_UNCHANGED}")
@@ -420,6 +437,17 @@ def check_elastic(
     if not _count(units):
         raise SourceError(f"state['elastic']['units'] is {_short(units)}: {_UNCHANGED}")
     return Base.from_state(elastic.get("base"), units, "state['elastic']['base']"), units
+
+
+def _unplanned(state: Mapping[str, Any]) -> bool:
+    """A state without an 'elastic' field that is at its start: a consumer that had not
+    planned its share when it was saved."""
+    return (
+        isinstance(state, Mapping)
+        and state.get("elastic") is None
+        and state.get("cursor") is None
+        and not state.get("buffer")
+    )
 
 
 def _elastic_of(state: Mapping[str, Any], i: int | None) -> Mapping[str, Any]:
@@ -539,7 +567,21 @@ def job_to_consumer(
             "only: set it, as the streams that saved the states had it"
         )
     rank, world = stream._rank, stream._world_size
-    base, elastic = consumer_state(job, kind, {"seed": stream._seed}, rank, world)
+    if job.get("elastic", 0) is None:  # merged before any consumer began
+        consumer_state(job, kind, {"seed": stream._seed})  # the kind and seed
+        return {
+            "version": version,
+            "epoch": job.get("epoch"),
+            "seed": stream._seed,
+            "rank": rank,
+            "world_size": world,
+            "files": None,
+            "cursor": None,
+            "buffer": [],
+            "rng": None,
+            "samples": 0,
+        }
+    base, elastic = consumer_state(job, kind, {"seed": stream._seed})
     if elastic.get("stream") != stream._identity():
         raise SourceError(
             "the job state is of another stream (source, split, format, columns, filter, "

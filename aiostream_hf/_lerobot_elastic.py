@@ -183,8 +183,10 @@ def job_to_lerobot(job: Mapping[str, Any], stream: Any, version: int) -> dict[st
             "only: set it, as the streams that saved the states had it"
         )
     rank, world = stream._rank, stream._world_size
-    base, elastic = consumer_state(job, "lerobot", {"seed": stream._seed}, rank, world)
-    if elastic.get("stream") != stream._identity():
+    base, elastic = consumer_state(job, "lerobot", {"seed": stream._seed})
+    if job.get("elastic") is None:  # merged before any consumer began: the start
+        elastic = {}
+    if elastic and elastic.get("stream") != stream._identity():
         raise SourceError(
             "the job state is of another LeRobot stream (dataset, split, episodes, "
             "delta_timestamps, image_format, batch_items or shuffle differ): resume with "
@@ -208,9 +210,9 @@ def job_to_lerobot(job: Mapping[str, Any], stream: Any, version: int) -> dict[st
         "world_size": world,
         "shuffle": stream._shuffle_buffer,
         "dataset": None,
-        "cursor": cursor,
+        "cursor": cursor if elastic else None,
         "items": 0,
-        "elastic": elastic,
+        "elastic": elastic or None,
     }
 
 
