@@ -371,3 +371,44 @@ async def test_lerobot_resumes_across_five_layouts_every_frame_once(
     assert any(j["elastic"]["base"]["partial"] for j in jobs[:-1])
     if shuffle:
         assert any(j["elastic"]["base"]["buffer"] for j in jobs[:-1])
+
+
+# -- mix() --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("shuffle", [False, 11])
+async def test_mix_of_parquet_and_tar_resumes_across_five_layouts_every_sample_once(
+    parquet_root: Path, tar_root: Path, shuffle: int | bool
+) -> None:
+    with HubServer(parquet_root) as pq_hub, HubServer(tar_root) as tar_hub:
+        rows = _parquet(pq_hub, shuffle=shuffle, seed=7)
+        shards = _tar(tar_hub, shuffle=shuffle, seed=7)
+
+        def make(rank: int, world: int) -> ash.Mix:
+            return ash.mix(
+                [rows(rank, world), shards(rank, world)], [0.7, 0.3], seed=5, stop="all_exhausted"
+            )
+
+        delivered, jobs = await run_chain(make, CHAIN)
+        folder = tar_root / "datasets/org/shards/data"
+        async with ash.stream(str(folder / "*.tar")) as whole:
+            keys = set(await _take(whole, None))
+    _exactly_once(delivered, set(range(TOTAL)) | keys)
+    assert all(j["of"] == "mix" for j in jobs)
+    assert any(j["members"][0]["elastic"]["base"]["partial"] for j in jobs[:-1])
+    assert any(j["members"][1]["elastic"]["base"]["partial"] for j in jobs[:-1])
+
+
+async def test_a_mixture_that_stops_at_the_first_exhausted_is_refused_naming_the_stop(
+    parquet_root: Path,
+) -> None:
+    with HubServer(parquet_root) as hub:
+        rows = _parquet(hub)
+        states = []
+        for rank in range(2):
+            m = ash.mix([rows(rank, 2), rows(rank, 2)], stop="first_exhausted")
+            async with m:
+                await _take(m, 3)
+                states.append(m.state_dict())
+    with pytest.raises(ash.SourceError, match="first_exhausted.*stop='all_exhausted'"):
+        ash.merge_states(states)
