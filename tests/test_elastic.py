@@ -4,6 +4,7 @@ that a job of another size loads: every sample once, small states, no unit read 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import pickle
 from collections.abc import Callable, Sequence
@@ -16,6 +17,7 @@ import pytest
 
 import aiostream_hf as ash
 from aiostream_hf import _elastic
+from aiostream_hf._engine import resolve_for_workers
 from aiostream_hf.formats.parquet import TAIL_READ_SIZE
 from aiostream_hf.testing import HubServer, make_repo, make_text_parquet
 
@@ -143,14 +145,29 @@ PARQUET_MODES: dict[str, dict[str, Any]] = {
 }
 
 
+_MANIFESTS: dict[tuple[str, str], ash.Manifest] = {}
+
+
+def _manifest(hub: HubServer, repo: str = "org/elastic") -> ash.Manifest:
+    """The repo's files with their sizes (from the tree listing), resolved once: streams
+    over it make no API request, so the server's bytes are the files' bytes."""
+    key = (hub.endpoint, repo)
+    if key not in _MANIFESTS:
+        opts = ash.StreamOptions(cache_dir=hub.root / ".." / "cache")
+        kwargs = {"endpoint": hub.endpoint, "options": opts}
+        _MANIFESTS[key] = resolve_for_workers(f"hf://datasets/{repo}", kwargs)[0]
+    return _MANIFESTS[key]
+
+
 def _parquet(hub: HubServer, **kw: Any) -> Callable[[int, int], ash.Stream]:
     opts = ash.StreamOptions(elastic=True, slice_bytes=SLICE, prefetch_count=2)
-    # An http(s) source: no API request, so the server's bytes are the files' bytes.
-    url = hub.url("org/elastic", "data/train-{0..2}.parquet").replace("%7B", "{")
-    url = url.replace("%7D", "}")
+    manifest = _manifest(hub)
+    assert all(f.size for f in manifest.files)  # sizes known: large files are sliced
 
     def make(rank: int, world: int) -> ash.Stream:
-        return ash.stream(url, options=opts, rank=rank, world_size=world, **kw)
+        return ash.stream(
+            manifest, endpoint=hub.endpoint, options=opts, rank=rank, world_size=world, **kw
+        )
 
     return make
 
@@ -412,3 +429,195 @@ async def test_a_mixture_that_stops_at_the_first_exhausted_is_refused_naming_the
                 states.append(m.state_dict())
     with pytest.raises(ash.SourceError, match="first_exhausted.*stop='all_exhausted'"):
         ash.merge_states(states)
+
+
+# -- line 1: the order is the dataset's, seed's and epoch's; consumers take shares of it ---
+
+
+async def _consumers(make: Callable[[int, int], Any], world: int) -> list[list[Any]]:
+    out = []
+    for rank in range(world):
+        async with make(rank, world) as s:
+            out.append(await _take(s, None))
+    return out
+
+
+def _is_subsequence(part: list[Any], whole: list[Any]) -> bool:
+    mine = set(part)
+    return [x for x in whole if x in mine] == part
+
+
+async def test_the_order_is_one_for_every_layout_and_each_consumer_takes_a_share_of_it(
+    parquet_root: Path, tar_root: Path, robot: tuple[Path, Any]
+) -> None:
+    with HubServer(parquet_root) as pq_hub, HubServer(tar_root) as tar_hub:
+        cases = {
+            # units permuted, rows permuted within each unit: no buffer
+            "parquet-arrow-shuffled": _parquet(pq_hub, output="arrow", shuffle=True, seed=9),
+            "parquet-rows": _parquet(pq_hub),
+            "tar": _tar(tar_hub),
+        }
+        for name, make in cases.items():
+            (whole,) = await _consumers(make, 1)
+            assert len(whole) == len(set(whole)), name
+            for world in (2, 3, 5):
+                shares = await _consumers(make, world)
+                assert sorted(sum(shares, []), key=str) == sorted(whole, key=str), (name, world)
+                for share in shares:  # each consumer's samples in the one order
+                    assert _is_subsequence(share, whole), (name, world)
+        # A shuffle buffer reorders within a consumer only: its samples are the share of
+        # the same order (the units' permutation depends on seed and epoch, not the buffer).
+        buffered = await _consumers(_parquet(pq_hub, shuffle=23, seed=9), 3)
+        plain = await _consumers(_parquet(pq_hub, output="arrow", shuffle=True, seed=9), 3)
+        assert [set(b) for b in buffered] == [set(p) for p in plain]
+        # Another epoch is another order.
+        s0, s1 = _parquet(pq_hub, output="arrow", shuffle=True, seed=9)(0, 1), None
+        async with s0:
+            first = await _take(s0, None)
+        s1 = _parquet(pq_hub, output="arrow", shuffle=True, seed=9)(0, 1)
+        s1.set_epoch(1)
+        async with s1:
+            second = await _take(s1, None)
+        assert sorted(first) == sorted(second)
+        assert first != second
+    root, layout = robot
+    with HubServer(root) as hub:
+        make = _lerobot(hub, layout)
+        (whole,) = await _consumers(make, 1)
+        for world in (2, 4):
+            shares = await _consumers(make, world)
+            assert sorted(sum(shares, [])) == sorted(whole)
+            assert all(_is_subsequence(share, whole) for share in shares)
+
+
+# -- line 3: a state's size does not grow with the dataset ---------------------------------
+
+
+def _small_rows(root: Path, name: str, files: int) -> None:
+    folder = make_repo(root, name, {})
+    for i in range(files):
+        make_text_parquet(
+            folder / "data" / f"train-{i:04d}.parquet",
+            rows=40,
+            row_group_size=10,
+            start_id=i * 40,
+            seed=i,
+            min_text=10,
+            max_text=20,
+        )
+
+
+async def test_a_state_is_as_small_for_a_dataset_ten_times_larger(tmp_path: Path) -> None:
+    _small_rows(tmp_path / "hub", "org/small", 4)
+    _small_rows(tmp_path / "hub", "org/large", 40)
+    sizes: dict[str, tuple[int, int]] = {}
+    with HubServer(tmp_path / "hub") as hub:
+        for name, files in (("small", 4), ("large", 40)):
+            url = hub.url(f"org/{name}", f"data/train-{{0000..{files - 1:04d}}}.parquet")
+            url = url.replace("%7B", "{").replace("%7D", "}")
+            opts = ash.StreamOptions(elastic=True)
+            states = []
+            for rank, take in enumerate([25, 35, 7]):  # uneven progress, mid-file
+                async with ash.stream(url, options=opts, rank=rank, world_size=3) as s:
+                    assert len(await _take(s, take)) >= take
+                    states.append(s.state_dict())
+            job = ash.merge_states(states)
+            sizes[name] = (len(json.dumps(states[1])), len(json.dumps(job)))
+            assert len(json.dumps(job)) < 1500  # no list of samples or of files
+    (small_state, small_job), (large_state, large_job) = sizes["small"], sizes["large"]
+    # The same positions: only numbers grow (a digit or two), not lists.
+    assert large_state <= small_state + 40
+    assert large_job <= small_job + 40
+
+
+# -- line 5: one large file is shared by its row groups -----------------------------------
+
+
+async def test_one_large_file_is_shared_by_row_group_and_no_consumer_idles(
+    parquet_root: Path,
+) -> None:
+    path = parquet_root / "datasets/org/elastic/data/train-0.parquet"
+    size = path.stat().st_size
+    assert pq.ParquetFile(path).metadata.num_row_groups == 10
+    with HubServer(parquet_root) as hub:
+        opts = ash.StreamOptions(elastic=True, slice_bytes=SLICE)
+        whole = _manifest(hub)
+        one = dataclasses.replace(whole, files=whole.files[:1])  # train-0.parquet alone
+        assert one.files[0].url.endswith("train-0.parquet")
+        got = []
+        for rank in range(4):
+            hub.wait_idle()
+            hub.reset_stats()
+            async with ash.stream(one, options=opts, rank=rank, world_size=4) as s:
+                ids = await _take(s, None)
+            served = hub.wait_idle().bytes_served
+            assert ids, f"consumer {rank} of 4 read nothing of the one file"
+            # Its slices (slice rank, rank + 4: every 4th), each its row groups and the
+            # footer read (a slice is planned on its own: its file's tail is read for each).
+            slices = -(-size // SLICE)
+            tail = (max(0, size - TAIL_READ_SIZE), size)
+            most = sum(
+                _covered([tail, *(g for g in _spans(path) if min(g[0] // SLICE, slices - 1) == s)])
+                for s in range(rank, slices, 4)
+            )
+            assert served <= most < size
+            got.append(ids)
+    assert sorted(sum(got, [])) == list(range(200))
+
+
+# -- bad input ---------------------------------------------------------------------------
+
+
+async def _states(make: Callable[[int, int], Any], world: int, take: int) -> list[dict[str, Any]]:
+    states = []
+    for rank in range(world):
+        async with make(rank, world) as s:
+            await _take(s, take)
+            states.append(s.state_dict())
+    return states
+
+
+async def test_states_of_another_job_or_dataset_are_refused_naming_the_way_out(
+    parquet_root: Path, tmp_path: Path
+) -> None:
+    other = tmp_path / "other"
+    _small_rows(other, "org/elastic", 2)
+    with HubServer(parquet_root) as hub, HubServer(other) as other_hub:
+        make = _parquet(hub, shuffle=5, seed=1)
+        states = await _states(make, 3, 10)
+        with pytest.raises(ash.SourceError, match=r"consumers \[2\] are missing"):
+            ash.merge_states(states[:2])
+        with pytest.raises(ash.SourceError, match="both of consumer 1"):
+            ash.merge_states([states[0], states[1], states[1]])
+        reseeded = await _states(_parquet(hub, shuffle=5, seed=2), 3, 10)
+        with pytest.raises(ash.SourceError, match=r"states\[1\]\['seed'\] is 2.*one job"):
+            ash.merge_states([states[0], reseeded[1], states[2]])
+        with pytest.raises(ash.SourceError, match="job state already"):
+            ash.merge_states([ash.merge_states(states)])
+        job = ash.merge_states(states)
+        with pytest.raises(ash.SourceError, match="seed=1.*seed=2.*same arguments"):
+            _parquet(hub, shuffle=5, seed=2)(0, 2).load_state_dict(job)
+        plain = ash.stream(hub.url("org/elastic", "data/train-0.parquet"))
+        with pytest.raises(ash.SourceError, match=r"StreamOptions\(elastic=True\)"):
+            plain.load_state_dict(job)
+        with pytest.raises(ash.SourceError, match="no 'elastic' field"):
+            ash.merge_states([s for s in [await _states(lambda r, w: plain, 1, 3)][0]])
+        # Another dataset under the same name (on another server): refused.
+        with pytest.raises(ash.SourceError, match="another stream.*same arguments"):
+            _parquet(other_hub, shuffle=5, seed=1)(0, 2).load_state_dict(job)
+        # The same files named, other bytes behind them: refused once they are listed.
+        listed = _manifest(hub)
+        edited = dataclasses.replace(
+            listed, files=tuple(dataclasses.replace(f, size=f.size + 1) for f in listed.files)
+        )
+        opts = ash.StreamOptions(elastic=True, slice_bytes=SLICE)
+        changed = ash.stream(edited, options=opts, rank=0, world_size=2, shuffle=5, seed=1)
+        changed.load_state_dict(job)
+        async with changed:
+            with pytest.raises(ash.SourceError, match="saved over other files.*pin the revision"):
+                await _take(changed, None)
+        # A changed state names its field.
+        bad = json.loads(json.dumps(job))
+        bad["elastic"]["base"]["frontier"] = 10**6
+        with pytest.raises(ash.SourceError, match=r"\['frontier'\] is 1000000"):
+            _parquet(hub, shuffle=5, seed=1)(0, 2).load_state_dict(bad)
