@@ -92,11 +92,13 @@ async def run_chain(
     *,
     hub: HubServer | None = None,
     phase_bound: Callable[[dict[str, Any] | None], int] | None = None,
+    on_job: Callable[[list[Any], int], None] | None = None,
 ) -> tuple[list[Any], list[dict[str, Any]]]:
     """Every job of ``chain`` in turn: each consumer loads the job state (JSON round trip),
     takes its samples and saves its state; the states are merged for the next job.
     Returns every id delivered, and the job states. With ``phase_bound``, the bytes each
-    job is served are checked against it (what is left of the job state it started from)."""
+    job is served are checked against it (what is left of the job state it started from).
+    ``on_job(statistics, delivered)``: each job's consumers' statistics, its sample count."""
     delivered: list[Any] = []
     job: dict[str, Any] | None = None
     jobs: list[dict[str, Any]] = []
@@ -104,7 +106,7 @@ async def run_chain(
         if hub is not None:
             hub.wait_idle()
             hub.reset_stats()
-        states = []
+        states, statistics, before = [], [], len(delivered)
         for rank in range(world):
             s = make(rank, world)
             if job is not None:
@@ -112,6 +114,9 @@ async def run_chain(
             async with s:
                 delivered += await _take(s, takes[rank])
                 states.append(_roundtrip(s.state_dict()))
+                statistics.append(s.statistics())
+        if on_job is not None:
+            on_job(statistics, len(delivered) - before)
         if hub is not None and phase_bound is not None:
             served = hub.wait_idle()
             assert served.bytes_served <= phase_bound(job), (world, job)
@@ -383,7 +388,18 @@ async def test_lerobot_resumes_across_five_layouts_every_frame_once(
     root, layout = robot
     with HubServer(root) as hub:
         make = _lerobot(hub, layout, shuffle=shuffle, seed=2)
-        delivered, jobs = await run_chain(make, LEROBOT_CHAIN)
+        returned: list[tuple[int, int]] = []
+
+        def frames(statistics: list[Any], items: int) -> None:
+            returned.append((sum(s.video.get("frames_returned", 0) for s in statistics), items))
+
+        delivered, jobs = await run_chain(make, LEROBOT_CHAIN, on_job=frames)
+    # The last job reads to the end: it fetches and decodes the frames of the items it
+    # delivers and no others (none of an item delivered before a checkpoint).
+    cameras = len(layout.video_keys)
+    last_returned, last_items = returned[-1]
+    assert last_items > 0
+    assert last_returned == last_items * cameras
     _exactly_once(delivered, set(range(sum(EPISODES))))
     assert any(j["elastic"]["base"]["partial"] for j in jobs[:-1])
     if shuffle:
@@ -621,3 +637,28 @@ async def test_states_of_another_job_or_dataset_are_refused_naming_the_way_out(
         bad["elastic"]["base"]["frontier"] = 10**6
         with pytest.raises(ash.SourceError, match=r"\['frontier'\] is 1000000"):
             _parquet(hub, shuffle=5, seed=1)(0, 2).load_state_dict(bad)
+
+
+# -- the same layout: a consumer's own state resumes it exactly -----------------------------
+
+
+async def test_a_consumers_own_state_resumes_it_exactly_in_the_same_layout(
+    parquet_root: Path, robot: tuple[Path, Any]
+) -> None:
+    root, layout = robot
+    with HubServer(parquet_root) as pq_hub, HubServer(root) as robot_hub:
+        cases = {
+            "parquet": (_parquet(pq_hub, shuffle=23, seed=4), 37),
+            "lerobot": (_lerobot(robot_hub, layout, shuffle=16, seed=4), 21),
+        }
+        for name, (make, k) in cases.items():
+            async with make(1, 3) as s:
+                full = await _take(s, None)
+            async with make(1, 3) as s:
+                head = await _take(s, k)
+                state = json.loads(json.dumps(s.state_dict()))
+            again = make(1, 3)
+            again.load_state_dict(state)
+            async with again:
+                tail = await _take(again, None)
+            assert head + tail == full, name
