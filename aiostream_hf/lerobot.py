@@ -667,13 +667,23 @@ class LeRobotStream(Engine["_Batch"]):
 
             return Job(job.cost, run)
 
+        ahead: dict[int, _EpisodeRows] = {}  # rows read with an earlier group (elastic)
         for g in range(g0, len(order)):
             group = order[g]
             e_first = e0 if g == g0 else 0
             if g == g0 and cursor is not None:
                 rows = preloaded
+            elif group[0].index in ahead:
+                rows = ahead
             else:
-                rows = await _load_episodes(fetcher, plan, group)
+                # Elastic: the next groups (an episode each) of the same data file are
+                # read with this one, in one pass over the file.
+                run, k = list(group), g + 1
+                url = group[0].data_file.url
+                while lerobot is not None and k < len(order) and order[k][0].data_file.url == url:
+                    run += order[k]
+                    k += 1
+                rows = ahead = await _load_episodes(fetcher, plan, run)
                 self._data_files += 1
             for e in range(e_first, len(group)):
                 episode = group[e]
