@@ -553,7 +553,22 @@ def check_stream_state(state: Mapping[str, Any], stream: Any) -> int:
             "StreamOptions(elastic=True); resume with the options it was saved with"
         )
     base, _ = check_elastic(state, stream._identity(), stream._rank, stream._world_size)
+    for g, position in base.partial:
+        _check_position(g, position)
     return -(-len(base.buffer) // int(stream._world_size))
+
+
+def _check_position(g: int, position: Mapping[str, Any]) -> None:
+    """A Parquet/TAR unit's position in a base: (unit, row, done), and a TAR shard's
+    offset or skip."""
+    ok = all(_count(position.get(k)) for k in ("unit", "row"))
+    ok = ok and isinstance(position.get("done"), bool)
+    ok = ok and all(position.get(k) is None or _count(position.get(k)) for k in ("offset", "skip"))
+    if not ok:
+        raise SourceError(
+            f"state['elastic']['base']['partial'] holds {_short(dict(position))} for unit "
+            f"{g}, not a position of a Parquet or TAR unit: {_UNCHANGED}"
+        )
 
 
 def job_to_consumer(

@@ -660,7 +660,9 @@ class Stream(Engine["tuple[_Tag, Any]"]):
             )
         permute = self._output == "arrow" or self._options.elastic  # rows: a buffer's job
         if self._shuffle_buffer and permute and table.num_rows > 1:
-            rng = random.Random(f"{self._seed}:{self._epoch}:{unit.file.url}:{unit.index}")
+            # Elastic: the file by its path, so that the order is the same from any host.
+            name = _without_host(unit.file.url) if self._options.elastic else unit.file.url
+            rng = random.Random(f"{self._seed}:{self._epoch}:{name}:{unit.index}")
             order = list(range(table.num_rows))
             rng.shuffle(order)
             table = table.take(order)

@@ -637,6 +637,10 @@ async def test_states_of_another_job_or_dataset_are_refused_naming_the_way_out(
         bad["elastic"]["base"]["frontier"] = 10**6
         with pytest.raises(ash.SourceError, match=r"\['frontier'\] is 1000000"):
             _parquet(hub, shuffle=5, seed=1)(0, 2).load_state_dict(bad)
+        bad = json.loads(json.dumps(job))
+        bad["elastic"]["base"]["partial"] = [[bad["elastic"]["base"]["frontier"], {"unit": "x"}]]
+        with pytest.raises(ash.SourceError, match="not a position of a Parquet or TAR unit"):
+            _parquet(hub, shuffle=5, seed=1)(0, 2).load_state_dict(bad)
 
 
 # -- the same layout: a consumer's own state resumes it exactly -----------------------------
