@@ -49,7 +49,16 @@ def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _rest_in_new_processes(
-    hub: HubServer, tmp_path: Path, job: dict[str, Any], *, ranks: int, workers: int
+    hub: HubServer,
+    tmp_path: Path,
+    job: dict[str, Any],
+    *,
+    ranks: int,
+    workers: int,
+    kind: str = "stream",
+    source: str = "hf://datasets/org/elastic",
+    kwargs: dict[str, Any] | None = None,
+    key: str = "id",
 ) -> list[int]:
     """Every rank of a job of ``ranks`` x ``workers`` reads the rest of the epoch from
     ``job``, each in a process of its own (torch_resume_script.py, RANK/WORLD_SIZE set)."""
@@ -59,16 +68,16 @@ def _rest_in_new_processes(
     for rank in range(ranks):
         out = tmp_path / f"rank-{rank}.json"
         config = {
-            "kind": "stream",
-            "source": "hf://datasets/org/elastic",
+            "kind": kind,
+            "source": source,
             "endpoint": hub.endpoint,
             "cache": str(tmp_path / "cache"),
             "options": OPTIONS,
-            "kwargs": KWARGS,
+            "kwargs": KWARGS if kwargs is None else kwargs,
             "state": str(state),
             "job": True,
             "workers": workers,
-            "key": "id",
+            "key": key,
             "out": str(out),
         }
         env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(ranks)}
@@ -120,3 +129,49 @@ def test_a_loader_state_behind_its_workers_snapshot_is_refused() -> None:
 
     with pytest.raises(ash.SourceError, match="snapshot_every_n_steps=1"):
         dataset_states({"_snapshot": {"_worker_snapshots": {}}, "_steps_since_snapshot": 2})
+
+
+def test_a_lerobot_dataloader_job_of_3_workers_resumes_as_3_ranks_of_1_worker(
+    tmp_path: Path,
+) -> None:
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    from aiostream_hf.testing import make_lerobot_dataset
+    from aiostream_hf.torch import LeRobotStreamDataset, job_state
+
+    lengths = (12, 9, 15, 11, 7)
+    layout = make_lerobot_dataset(
+        tmp_path / "robot",
+        "org/robot",
+        codec="h264",
+        width=32,
+        height=32,
+        episodes=lengths,
+        episodes_per_video_file=3,
+        episodes_per_data_file=2,
+    )
+    kwargs = {"shuffle": 8, "seed": 1, "batch_items": 3}
+    with HubServer(tmp_path / "robot") as hub:
+        options = ash.StreamOptions(cache_dir=tmp_path / "cache", pin_ttl=3600, **OPTIONS)
+        ds = LeRobotStreamDataset(layout.uri, endpoint=hub.endpoint, options=options, **kwargs)
+        loader = StatefulDataLoader(ds, batch_size=2, num_workers=3)
+        before: list[int] = []
+        for i, batch in enumerate(loader):
+            before += [int(x) for x in batch["index"]]
+            if i == 6:
+                break
+        job = job_state([json.loads(json.dumps(loader.state_dict()))])
+        del loader
+        after = _rest_in_new_processes(
+            hub,
+            tmp_path,
+            job,
+            ranks=3,
+            workers=1,
+            kind="lerobot",
+            source=layout.uri,
+            kwargs=kwargs,
+            key="index",
+        )
+    assert len(before) + len(after) == sum(lengths)
+    assert sorted(before + after) == list(range(sum(lengths)))
