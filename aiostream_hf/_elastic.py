@@ -516,6 +516,8 @@ def share_for(stream: Any, manifest: Any, resume: Mapping[str, Any] | None) -> S
             f"{out.elastic['dataset']}): the dataset or slice_bytes changed; resume with the "
             "same files (pin the revision) and options, or start a new epoch"
         )
+    if saved is not None:  # as loaded, so that it equals the base of the job's other states
+        out.elastic["base"] = dict(saved["base"])
     return out
 
 
@@ -555,7 +557,10 @@ def check_stream_state(state: Mapping[str, Any], stream: Any) -> int:
     base, _ = check_elastic(state, stream._identity(), stream._rank, stream._world_size)
     for g, position in base.partial:
         _check_position(g, position)
-    return -(-len(base.buffer) // int(stream._world_size))
+    buffered = state["elastic"]["base"].get("buffered") or len(base.buffer)
+    if not _count(buffered):
+        raise SourceError(f"state['elastic']['base']['buffered'] is {buffered!r}: {_UNCHANGED}")
+    return -(-buffered // int(stream._world_size))
 
 
 def _check_position(g: int, position: Mapping[str, Any]) -> None:
@@ -604,6 +609,11 @@ def job_to_consumer(
         )
     buffer = list(base.buffer[rank::world])
     seed = f"{stream._seed}:{job.get('epoch')}:samples:{base.key()}:{rank}"
+    # The consumer keeps its share of the job's buffered samples in its own 'buffer'; its
+    # base names what is left without them (else every consumer's state held them all).
+    # ('buffered': how many the job held, which bounds the consumer's buffer on a resume.)
+    held = {"buffer": [], "buffered": len(base.buffer)}
+    elastic = {**elastic, "base": {**base.to_state(), **held}}
     return {
         "version": version,
         "epoch": job.get("epoch"),

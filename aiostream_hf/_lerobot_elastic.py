@@ -75,7 +75,8 @@ def lerobot_share(stream: Any, plan: _Plan, resume: Mapping[str, Any] | None) ->
         "stream": stream._identity(),
         "dataset": digest,
         "units": len(episodes),
-        "base": base.to_state(),
+        # as loaded, so that it equals the base of the job's other states
+        "base": dict(saved["base"]) if saved is not None else base.to_state(),
     }
     seed = f"{stream._seed}:{stream._epoch}:buffer:{base.key()}:{stream._rank}"
     return LeRobotShare(groups, starts, elastic, seed)
@@ -192,6 +193,9 @@ def job_to_lerobot(job: Mapping[str, Any], stream: Any, version: int) -> dict[st
             "delta_timestamps, image_format, batch_items or shuffle differ): resume with "
             "the same arguments"
         )
+    if elastic:  # its share of the buffered frames is in its cursor; not all of them
+        held = {"buffer": [], "buffered": len(base.buffer)}
+        elastic = {**elastic, "base": {**base.to_state(), **held}}
     cursor = {
         "group": 0,
         "episode": 0,

@@ -115,6 +115,9 @@ async def run_chain(
                 delivered += await _take(s, takes[rank])
                 states.append(_roundtrip(s.state_dict()))
                 statistics.append(s.statistics())
+        for state in _leaves(states):
+            # A consumer's base holds no buffered samples: its share of them is its own.
+            assert not (state.get("elastic") or {}).get("base", {}).get("buffer")
         if on_job is not None:
             on_job(statistics, len(delivered) - before)
         if hub is not None and phase_bound is not None:
@@ -123,6 +126,14 @@ async def run_chain(
         job = _roundtrip(ash.merge_states(states))
         jobs.append(job)
     return delivered, jobs
+
+
+def _leaves(states: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The streams' states in ``states`` (a mixture's members', at any depth)."""
+    out: list[dict[str, Any]] = []
+    for state in states:
+        out += _leaves(state["members"]) if state.get("kind") == "mix" else [state]
+    return out
 
 
 def _roundtrip(state: dict[str, Any]) -> dict[str, Any]:
