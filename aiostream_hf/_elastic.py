@@ -269,6 +269,26 @@ def stream_progress(state: Mapping[str, Any]) -> Progress:
     return Progress(i, None, buffer, samples)
 
 
+def lerobot_progress(state: Mapping[str, Any]) -> Progress:
+    """A LeRobot consumer state's place in its share (its cursor is settled: skip 0)."""
+    cursor = state.get("cursor")
+    items = state.get("items") or 0
+    if cursor is None:
+        return Progress(0, None, [], items)
+    if not isinstance(cursor, Mapping) or cursor.get("skip") or cursor.get("episode"):
+        raise SourceError(
+            f"state['cursor'] is {cursor!r}, not a settled cursor of an elastic LeRobot "
+            "stream: load the states the streams saved, unchanged"
+        )
+    g, f = cursor.get("group"), cursor.get("frame")
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in (g, f)):
+        raise SourceError(f"state['cursor'] is {cursor!r}: load the states the streams saved")
+    assert isinstance(g, int)
+    assert isinstance(f, int)
+    buffer = [list(x) for x in cursor.get("buffer") or ()]
+    return Progress(g, {"frame": f} if f else None, buffer, int(items))
+
+
 def share_length(base: Base, units: int, consumer: int, consumers: int) -> int:
     """The items of a consumer's share, counted without listing them."""
     left = units - base.frontier - len(base.done)  # the partial ones are among them
@@ -671,8 +691,6 @@ def merge_states(states: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     if kind == "mix":
         return _merge_mixtures(states)
     if kind == "lerobot":
-        from ._lerobot_elastic import lerobot_progress
-
         return merge_job(states, lerobot_progress, "LeRobot streams")
     if kind is not None:
         raise SourceError(f"states[0]['kind'] is {kind!r}: not a state this version merges")

@@ -18,7 +18,6 @@ from typing import Any
 
 from ._elastic import (
     Base,
-    Progress,
     check_elastic,
     consumer_state,
     share,
@@ -34,7 +33,6 @@ __all__ = [
     "check_lerobot_state",
     "first_frame",
     "job_to_lerobot",
-    "lerobot_progress",
     "lerobot_share",
     "settle",
 ]
@@ -153,26 +151,6 @@ def settle(
         f"the LeRobot stream's position is {skip} items past its checkpoint, more than its "
         "share holds: a bug; please report it"
     )
-
-
-def lerobot_progress(state: Mapping[str, Any]) -> Progress:
-    """A LeRobot consumer state's place in its share (its cursor is settled: skip 0)."""
-    cursor = state.get("cursor")
-    items = state.get("items") or 0
-    if cursor is None:
-        return Progress(0, None, [], items)
-    if not isinstance(cursor, Mapping) or cursor.get("skip") or cursor.get("episode"):
-        raise SourceError(
-            f"state['cursor'] is {cursor!r}, not a settled cursor of an elastic LeRobot "
-            "stream: load the states the streams saved, unchanged"
-        )
-    g, f = cursor.get("group"), cursor.get("frame")
-    if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in (g, f)):
-        raise SourceError(f"state['cursor'] is {cursor!r}: load the states the streams saved")
-    assert isinstance(g, int)
-    assert isinstance(f, int)
-    buffer = [list(x) for x in cursor.get("buffer") or ()]
-    return Progress(g, {"frame": f} if f else None, buffer, int(items))
 
 
 def job_to_lerobot(job: Mapping[str, Any], stream: Any, version: int) -> dict[str, Any]:
