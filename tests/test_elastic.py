@@ -161,13 +161,13 @@ PARQUET_MODES: dict[str, dict[str, Any]] = {
 }
 
 
-_MANIFESTS: dict[tuple[str, str], ash.Manifest] = {}
+_MANIFESTS: dict[tuple[str, str, str], ash.Manifest] = {}
 
 
 def _manifest(hub: HubServer, repo: str = "org/elastic") -> ash.Manifest:
     """The repo's files with their sizes (from the tree listing), resolved once: streams
     over it make no API request, so the server's bytes are the files' bytes."""
-    key = (hub.endpoint, repo)
+    key = (str(hub.root), hub.endpoint, repo)  # a port is reused by later servers
     if key not in _MANIFESTS:
         opts = ash.StreamOptions(cache_dir=hub.root / ".." / "cache")
         kwargs = {"endpoint": hub.endpoint, "options": opts}
