@@ -92,20 +92,25 @@ async def run_chain(
     *,
     hub: HubServer | None = None,
     phase_bound: Callable[[dict[str, Any] | None], int] | None = None,
+    bounds: Sequence[tuple[HubServer, Callable[[dict[str, Any] | None], int]]] = (),
     on_job: Callable[[list[Any], int], None] | None = None,
 ) -> tuple[list[Any], list[dict[str, Any]]]:
     """Every job of ``chain`` in turn: each consumer loads the job state (JSON round trip),
     takes its samples and saves its state; the states are merged for the next job.
     Returns every id delivered, and the job states. With ``phase_bound``, the bytes each
     job is served are checked against it (what is left of the job state it started from).
+    ``bounds``: (server, bound) pairs checked the same way (a mixture's members' servers).
     ``on_job(statistics, delivered)``: each job's consumers' statistics, its sample count."""
+    checks = list(bounds)
+    if hub is not None and phase_bound is not None:
+        checks.append((hub, phase_bound))
     delivered: list[Any] = []
     job: dict[str, Any] | None = None
     jobs: list[dict[str, Any]] = []
     for world, takes in chain:
-        if hub is not None:
-            hub.wait_idle()
-            hub.reset_stats()
+        for server, _ in checks:
+            server.wait_idle()
+            server.reset_stats()
         states, statistics, before = [], [], len(delivered)
         for rank in range(world):
             s = make(rank, world)
@@ -120,9 +125,9 @@ async def run_chain(
             assert not (state.get("elastic") or {}).get("base", {}).get("buffer")
         if on_job is not None:
             on_job(statistics, len(delivered) - before)
-        if hub is not None and phase_bound is not None:
-            served = hub.wait_idle()
-            assert served.bytes_served <= phase_bound(job), (world, job)
+        for server, bound in checks:
+            served = server.wait_idle()
+            assert served.bytes_served <= bound(job), (world, job)
         job = _roundtrip(ash.merge_states(states))
         jobs.append(job)
     return delivered, jobs
@@ -433,7 +438,14 @@ async def test_mix_of_parquet_and_tar_resumes_across_five_layouts_every_sample_o
                 [rows(rank, world), shards(rank, world)], [0.7, 0.3], seed=5, stop="all_exhausted"
             )
 
-        delivered, jobs = await run_chain(make, CHAIN)
+        parquet_bound = _parquet_bound(parquet_root / "datasets/org/elastic/data", 7, bool(shuffle))
+        tar_bound = _tar_bound(tar_root / "datasets/org/shards/data", 7, bool(shuffle))
+
+        def member(i: int, bound: Callable[[Any], int]) -> Callable[[Any], int]:
+            return lambda job: bound(None if job is None else job["members"][i])
+
+        bounds = [(pq_hub, member(0, parquet_bound)), (tar_hub, member(1, tar_bound))]
+        delivered, jobs = await run_chain(make, CHAIN, bounds=bounds)
         folder = tar_root / "datasets/org/shards/data"
         async with ash.stream(str(folder / "*.tar")) as whole:
             keys = set(await _take(whole, None))
