@@ -82,7 +82,7 @@ def _ms(seconds: float) -> str:
 def _parquet_arrow_vs_local(data: Results, r: Ratio) -> str:
     workload = data["workloads"][r["workload"]]
     rounds = workload["rounds"]
-    ours = "aiostream-arrow"
+    ours = _label(r).split(": ", 1)[-1].split(" / ")[0]  # aiostream-arrow, or -local
     limits = [c for c in workload["limits"] if any(c in x for x in rounds)]
     # The fastest local read of each round is the ratio's denominator.
     fastest = _median([min(float(x[c]["seconds"]) for c in limits if c in x) for x in rounds])
@@ -93,13 +93,19 @@ def _parquet_arrow_vs_local(data: Results, r: Ratio) -> str:
     local_cpu = _median([x[local]["cpu_user"] + x[local]["cpu_system"] for x in rounds])
     server = _median(_per_round(rounds, ours, "server_cpu_seconds"))
     cpus = data["environment"]["cpu_count"]
+    pinned = data.get("parameters", {}).get("pinned")
+    where = (
+        f"Each on CPU {pinned['contenders']} alone (the server on CPU {pinned['server']})"
+        if pinned
+        else f"On the same {cpus} CPUs"
+    )
     budget = fastest / float(r["target"])
     text = (
         f"{ours} read the {workload['bytes'] / 1e6:,.0f} MB in {seconds:.2f} s, the "
-        f"fastest local read ({local}) in {by_name[local]:.2f} s (medians). On the same "
-        f"{cpus} CPUs, {cpu:.2f} CPU-seconds went in {ours}'s process against "
-        f"{local_cpu:.2f} in {local}'s (imports included in both), and the Hub server, "
-        f"on the same CPUs, spent {server:.2f} more serving the bytes."
+        f"fastest local read ({local}) in {by_name[local]:.2f} s (medians). {where}, "
+        f"{cpu:.2f} CPU-seconds went in {ours}'s process against "
+        f"{local_cpu:.2f} in {local}'s (imports included in both), and the Hub server "
+        f"spent {server:.2f} serving the bytes."
     )
     if "raw-gets" in workload["contenders"]:
         raw = _median(_per_round(rounds, "raw-gets", "seconds"))
@@ -242,6 +248,29 @@ def _quota_epoch(data: Results, r: Ratio) -> str:
     )
 
 
+# -- byte-cache ---------------------------------------------------------------------------
+
+
+def _byte_cache(data: Results, r: Ratio) -> str:
+    name = r["workload"].split()[0]  # "parquet epoch 2" -> parquet
+    ours, theirs = r["ratio"].split(" / ")
+    rounds = data["rounds"]
+    a = _median([float(x[f"{name}-{ours}"]) for x in rounds])
+    b = _median([float(x[f"{name}-{theirs}"]) for x in rounds])
+    unit = "rows" if name == "parquet" else "samples"
+    per_round = ", ".join(f"{v:.2f}" for v in r["per_round"])
+    served = sum(int(x[f"{name}-bytes-served"]) for x in rounds)
+    return (
+        f"through the cache {a:,.0f} {unit}/s, {theirs} {b:,.0f} (medians of {len(rounds)} "
+        f"rounds); the ratio per round: {per_round}. Every contender ran in this one "
+        f"process, one after the other, the order reversed every other round, and the "
+        f"ratio moved with it. The cached epochs made "
+        f"{sum(int(x[f'{name}-cdn-requests']) for x in rounds)} CDN requests and "
+        f"{sum(int(x[f'{name}-misses']) for x in rounds)} misses; the server served "
+        f"{served:,} bytes, its API answers."
+    )
+
+
 # -- lerobot-bytes ------------------------------------------------------------------------
 
 
@@ -307,6 +336,9 @@ def _lerobot_vs_peer(data: Results, r: Ratio) -> str:
 
 _EXPLAINERS: list[tuple[str, str, str, Explainer]] = [
     ("parquet", "text:", "aiostream-arrow / fastest-local", _parquet_arrow_vs_local),
+    ("parquet-pinned", "text:", "/ fastest-local", _parquet_arrow_vs_local),
+    ("byte-cache", "parquet epoch 2", "", _byte_cache),
+    ("byte-cache", "webdataset epoch 2", "", _byte_cache),
     ("video", "frames", "time aiostream / pyav-local", _frames_vs_local),
     ("video", "frames", "time download-decode / aiostream", _download_vs_frames),
     ("quota", "epoch:", "datasets / aiostream", _quota_epoch),
