@@ -208,7 +208,13 @@ class ByteCache:
             await anyio.to_thread.run_sync(self._prepare)
         # Spans across blocks already checked are read straight into one buffer each
         # (one copy, as a local read); the others go through the blocks, and are joined.
-        direct = await anyio.to_thread.run_sync(self._read_direct, file, scope, spans)
+        # (A call whose spans each lie in one block makes no thread hop for it.)
+        crossing = any(e > s and len(self._blocks_of(s, e)) > 1 for s, e in spans)
+        direct: list[bytearray | None] = (
+            await anyio.to_thread.run_sync(self._read_direct, file, scope, spans)
+            if crossing
+            else [None] * len(spans)
+        )
         rest = [(s, e) for (s, e), got in zip(spans, direct, strict=True) if got is None]
         needs = self._needs([(s, e) for s, e in rest if e > s])
         blocks = await self._blocks(file, scope, needs, fetch, max_request) if needs else {}
