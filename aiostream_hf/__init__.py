@@ -6,6 +6,7 @@ from . import webdataset as webdataset
 from .__version__ import __version__ as __version__
 from ._client import ClientStatistics as ClientStatistics
 from ._client import HubClient as HubClient
+from ._elastic import merge_states as merge_states
 from ._exceptions import AccessDeniedError as AccessDeniedError
 from ._exceptions import AiostreamError as AiostreamError
 from ._exceptions import ClosedResourceError as ClosedResourceError
@@ -72,6 +73,7 @@ __all__ = [
     "UsageError",
     "__version__",
     "lerobot",
+    "merge_states",
     "mix",
     "stream",
     "video",

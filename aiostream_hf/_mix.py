@@ -56,6 +56,7 @@ from typing import Any, Literal, Protocol
 import anyio
 import numpy as np
 
+from ._elastic import JOB_KIND
 from ._engine import Engine, check_state, digest, running_message, state_int
 from ._exceptions import ClosedResourceError, SourceError, UsageError
 
@@ -276,6 +277,9 @@ class Mix:
         or a changed one is a ``SourceError`` naming the field."""
         if not isinstance(state, Mapping):
             raise SourceError(f"state is a {type(state).__name__}, not a state_dict() (a dict)")
+        if state.get("kind") == JOB_KIND:  # merge_states() of a job's mixtures
+            self._load_job(state)
+            return
         n = len(self._members)
         check_state(
             state,
@@ -320,6 +324,45 @@ class Mix:
             raise
         self._epoch = int(state["epoch"])
         self._resume = {k: v for k, v in state.items() if k != "members"}
+
+    def _load_job(self, job: Mapping[str, Any]) -> None:
+        """A job state: each member loads its merged state (its share of what the old job
+        left, in this consumer's layout); the draws start afresh (they choose members, not
+        samples: with ``all_exhausted`` every sample left comes once whatever they are)."""
+        if job.get("of") != "mix":
+            raise SourceError(
+                f"the job state is of {job.get('of')!r} streams, not of mixtures: load it into "
+                "the kind of stream that saved it"
+            )
+        mine = {
+            "seed": self._seed,
+            "stop": self._stop,
+            "weights": list(self._weights) if self._weights is not None else None,
+        }
+        for key, value in mine.items():
+            if job.get(key) != value:
+                raise SourceError(
+                    f"the job state was saved with {key}={job.get(key)!r} but this mixture has "
+                    f"{key}={value!r}: resume with the same arguments"
+                )
+        _check_streams(job.get("streams"), [m._identity() for m in self._members])
+        members = job.get("members")
+        if not isinstance(members, list) or len(members) != len(self._members):
+            raise SourceError(
+                f"the job state's 'members' is {_short(members)}, not one state per member"
+            )
+        before = [m.state_dict() for m in self._members]
+        try:
+            for m, member_job in zip(self._members, members, strict=True):
+                m.load_state_dict(member_job)
+        except BaseException:
+            for m, old in zip(self._members, before, strict=True):
+                with contextlib.suppress(SourceError):
+                    m.load_state_dict(old)
+            raise
+        self._epoch = int(job.get("epoch") or 0)
+        self._resume = None
+        self._fresh()
 
     def set_epoch(self, epoch: int) -> None:
         """The draws, and every member's order, depend on (seed, epoch): call before each

@@ -29,6 +29,7 @@ _COUNTS = {
     "max_retries": 0,
     "rate_limit_reserve": 0,
     "byte_cache_bytes": 0,
+    "slice_bytes": 1,
 }
 #: The options in seconds (or bytes per second): "> 0" or ">= 0", and finite.
 _SECONDS = {
@@ -101,6 +102,14 @@ class StreamOptions:
         many (the least recently used dropped first), and cuts later reads of them from
         there: a shuffled epoch's items want the bytes that earlier batches' joined
         reads brought (0: off). See ``_kept_bytes``.
+    elastic: the epoch's order is a function of (dataset, seed, epoch) only, and the
+        consumers (rank x DataLoader worker) take every n-th unit of it: Parquet slices,
+        TAR shards, LeRobot episodes. The states of all consumers merge into one job
+        state (``aiostream_hf.merge_states``) that a job of any size loads: each sample
+        once over the epoch, none read again. See docs/elastic-resume.md.
+    slice_bytes: with ``elastic``, a Parquet file is cut into slices of this many bytes,
+        each a unit holding the row groups that start in it, so that one large file is
+        shared by row group across consumers.
 
     How ``s3://`` sources are reached (the ``s3`` extra; see docs/object-stores.md). Each
     defaults to the standard AWS variables and config files, as boto3 reads them:
@@ -139,6 +148,8 @@ class StreamOptions:
     verify_checksums: bool = True
     max_whole_video_bytes: int = 1024 * _MiB
     kept_video_bytes: int = 64 * _MiB
+    elastic: bool = False
+    slice_bytes: int = 64 * _MiB
     s3_endpoint_url: str | None = None
     s3_region: str | None = None
     s3_anonymous: bool = False
@@ -159,7 +170,7 @@ class StreamOptions:
                 or not (value > 0 if bound == ">" else value >= 0)
             ):
                 raise SourceError(f"StreamOptions.{name}={value!r}: give a finite number {bound} 0")
-        for name in ("verify_checksums", "s3_anonymous"):
+        for name in ("verify_checksums", "s3_anonymous", "elastic"):
             if not isinstance(getattr(self, name), bool):
                 raise SourceError(
                     f"StreamOptions.{name}={getattr(self, name)!r}: give True or False"

@@ -35,6 +35,15 @@ import pyarrow.compute as pc
 
 from ._client import HubClient
 from ._decode_pool import decoding
+from ._elastic import (
+    JOB_KIND,
+    StreamShare,
+    check_stream_state,
+    elastic_field,
+    job_to_consumer,
+    share_for,
+)
+from ._elastic import start_of as _start
 from ._engine import (
     Engine,
     EngineStatistics,
@@ -233,6 +242,7 @@ class Stream(Engine["tuple[_Tag, Any]"]):
         self._pending: deque[list[Any]] = deque()  # [tag, table, rows taken] for batches
         self._held = 0  # rows in _pending not yet taken
         self._end: dict[str, Any] | None = None
+        self._elastic: dict[str, Any] | None = None  # the share's state field (elastic)
 
     # -- lifecycle: the engine's ------------------------------------------------
 
@@ -276,6 +286,7 @@ class Stream(Engine["tuple[_Tag, Any]"]):
             "buffer": self._shuffle.state()[0] if self._shuffle is not None else [],
             "rng": self._shuffle.state()[1] if self._shuffle is not None else None,
             "samples": self._samples,
+            **({"elastic": elastic_field(self)} if self._options.elastic else {}),
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -286,6 +297,8 @@ class Stream(Engine["tuple[_Tag, Any]"]):
         state is a ``SourceError`` naming the field."""
         if not isinstance(state, Mapping):
             raise SourceError(f"state is a {type(state).__name__}, not a state_dict() (a dict)")
+        if state.get("kind") == JOB_KIND:  # merge_states(): this consumer's part of it
+            state = job_to_consumer(state, None, self, _STATE_VERSION)
         check_state(
             state,
             version=_STATE_VERSION,
@@ -293,7 +306,8 @@ class Stream(Engine["tuple[_Tag, Any]"]):
             same={"seed": self._seed, "rank": self._rank, "world_size": self._world_size},
         )
         rows = self._output == "python" and self._batch_size is None
-        check_cursor(state, self._shuffle_buffer if rows else 0)
+        extra = check_stream_state(state, self)  # a merged job's buffers, shared out
+        check_cursor(state, self._shuffle_buffer + extra if rows else 0)
         self._epoch = int(state["epoch"])
         self._resume = dict(state)
         self._samples = int(state.get("samples") or 0)
@@ -325,17 +339,22 @@ class Stream(Engine["tuple[_Tag, Any]"]):
                     data_files=self._data_files,
                 )
             self._manifest = manifest
-            files = epoch_order(
-                manifest.files,
-                seed=self._seed,
-                epoch=self._epoch,
-                shuffle=bool(self._shuffle_buffer),
-                what="files",
-            )
-            # Whole files per rank when there are enough; else every rank plans
-            # every file and keeps every world_size-th unit.
-            files, split_units = rank_share(files, self._rank, self._world_size)
-            by_file = not split_units
+            share = share_for(self, manifest, resume) if opts.elastic else None
+            self._elastic = share.elastic if share is not None else None
+            if share is not None:  # every n-th unit of the epoch's one order
+                files, by_file = share.files, True
+            else:
+                files = epoch_order(
+                    manifest.files,
+                    seed=self._seed,
+                    epoch=self._epoch,
+                    shuffle=bool(self._shuffle_buffer),
+                    what="files",
+                )
+                # Whole files per rank when there are enough; else every rank plans
+                # every file and keeps every world_size-th unit.
+                files, split_units = rank_share(files, self._rank, self._world_size)
+                by_file = not split_units
             self._files_order = files
             cursor = resume.get("cursor") if resume else None
             if resume is not None and resume.get("files") not in (None, len(files)):
@@ -345,7 +364,7 @@ class Stream(Engine["tuple[_Tag, Any]"]):
                 )
             self._shuffle = None
             if self._shuffle_buffer:
-                seed = f"{self._seed}:{self._epoch}:samples"
+                seed = share.seed if share else f"{self._seed}:{self._epoch}:samples"
                 self._shuffle = ShuffleBuffer(self._shuffle_buffer, seed)
             self._pending = deque()
             self._end = None
@@ -358,7 +377,7 @@ class Stream(Engine["tuple[_Tag, Any]"]):
             sequential = _sequential(decoders.values())
             if sequential is not None:  # TAR shards: streamed, not planned into units
                 mine = files if by_file else files[self._rank :: self._world_size]
-                streamed = self._streamed(sequential, mine, manifest, fetcher, cursor)
+                streamed = self._streamed(sequential, mine, manifest, fetcher, cursor, share)
                 try:
                     async for item in streamed:
                         yield item
@@ -376,15 +395,16 @@ class Stream(Engine["tuple[_Tag, Any]"]):
                 planned: Prefetcher[tuple[int, list[Unit]]],
             ) -> AsyncIterator[Job[list[tuple[_Tag, Any]]]]:
                 seq = cursor["file_seq"] if cursor else 0
-                head = _head_range(files, decoders, join_limit) if cursor is None else None
+                head = None if cursor or share else _head_range(files, decoders, join_limit)
                 if head is not None:
                     # Read beside the first file's plan; its units cut their bytes from it.
                     file, start, end = head
                     read = partial(_read_head, received, file, start, end)
                     yield Job(end - start, read, group=0, more_in_group=True, grows=False)
                 async for pos, units in planned:
-                    if cursor is not None and pos == cursor["file"]:
-                        check_unit(cursor, files[pos], units)
+                    at = _start(share, pos, cursor)
+                    if at is not None:
+                        check_unit(at, files[pos], units)
                     self._files += 1
                     file_seq = seq
                     last = units[-1] if units else None
@@ -393,16 +413,20 @@ class Stream(Engine["tuple[_Tag, Any]"]):
                         seq += 1
                         if not by_file and (seq - 1) % self._world_size != self._rank:
                             continue
+                        if share is not None and not share.keeps(pos, unit):
+                            continue  # another slice's row group
                         skip = 0
-                        if cursor is not None and pos == cursor["file"]:
-                            if unit.index < cursor["unit"]:
+                        if at is not None:
+                            if unit.index < at["unit"]:
                                 continue
-                            if unit.index == cursor["unit"]:
-                                if cursor["done"]:
+                            if unit.index == at["unit"]:
+                                if at["done"]:
                                     continue
-                                skip = cursor["row"]
+                                skip = at["row"]
                         kept.append((unit, skip))
                     last_kept = kept[-1][0] if kept else None
+                    if share is not None:  # the cursor moves on after its slice's last
+                        last = last_kept
                     if last_kept is None:  # none of its units is this rank's
                         received.forget(files[pos])
                     group: list[tuple[Unit, _Tag]] = []
@@ -490,6 +514,7 @@ class Stream(Engine["tuple[_Tag, Any]"]):
         manifest: Manifest,
         fetcher: RangeFetcher,
         cursor: Mapping[str, Any] | None,
+        share: StreamShare | None,
     ) -> AsyncGenerator[tuple[_Tag, Any], None]:
         """Loaded chunks of files read front to back, ``decoder.readahead`` files ahead.
 
@@ -514,17 +539,18 @@ class Stream(Engine["tuple[_Tag, Any]"]):
             positions = itertools.count(first) if decoder.resampled else range(first, len(files))
             for pos in positions:
                 start = Position()
-                if cursor is not None and pos == cursor["file"]:
-                    if cursor["done"]:
+                at = _start(share, pos, cursor)
+                if at is not None:
+                    if at["done"]:
                         continue
-                    size, offset = file_at(pos).size, cursor.get("offset")
+                    size, offset = file_at(pos).size, at.get("offset")
                     if size is not None and offset is not None and offset > size:
                         raise SourceError(
                             f"state['cursor']['offset'] is {offset}, past the {size} bytes "
                             f"of {file_at(pos).url}: load a state_dict() of this stream, "
                             "unchanged"
                         )
-                    start = Position(cursor.get("offset"), cursor.get("skip", 0), cursor["row"])
+                    start = Position(at.get("offset"), at.get("skip", 0), at["row"])
                 yield partial(self._lane, decoder, file_at(pos), fetcher, request, start, pos)
 
         readahead: LaneReadahead[tuple[_Tag, Any]] = LaneReadahead(
@@ -632,8 +658,11 @@ class Stream(Engine["tuple[_Tag, Any]"]):
                 f"{unit.file.url}, unit {unit.index}: the state is of another stream or was "
                 "changed; load a state_dict() of this stream, unchanged"
             )
-        if self._shuffle_buffer and self._output == "arrow" and table.num_rows > 1:
-            rng = random.Random(f"{self._seed}:{self._epoch}:{unit.file.url}:{unit.index}")
+        permute = self._output == "arrow" or self._options.elastic  # rows: a buffer's job
+        if self._shuffle_buffer and permute and table.num_rows > 1:
+            # Elastic: the file by its path, so that the order is the same from any host.
+            name = _without_host(unit.file.url) if self._options.elastic else unit.file.url
+            rng = random.Random(f"{self._seed}:{self._epoch}:{name}:{unit.index}")
             order = list(range(table.num_rows))
             rng.shuffle(order)
             table = table.take(order)

@@ -77,6 +77,7 @@ import anyio
 import anyio.to_thread
 
 from ._client import HubClient
+from ._elastic import JOB_KIND
 from ._engine import (
     Engine,
     EngineStatistics,
@@ -88,6 +89,14 @@ from ._engine import (
     shuffle_buffer_size,
 )
 from ._exceptions import SourceError
+from ._lerobot_elastic import (
+    LeRobotShare,
+    check_lerobot_state,
+    first_frame,
+    job_to_lerobot,
+    lerobot_share,
+    settle,
+)
 from ._lerobot_meta import SUPPORTED_VERSIONS as SUPPORTED_VERSIONS
 from ._lerobot_meta import EpisodeInfo as EpisodeInfo
 from ._lerobot_meta import LeRobotMetadata as LeRobotMetadata
@@ -369,6 +378,7 @@ class LeRobotStream(Engine["_Batch"]):
         self._loaded: dict[str, Any] | None = None  # a loaded state, until an item is delivered
         self._position: tuple[_Checkpoint, int] | None = None  # (checkpoint, items after it)
         self._fingerprint: dict[str, Any] | None = None
+        self._share: LeRobotShare | None = None  # this consumer's episodes (elastic)
 
     # -- lifecycle: the engine's --------------------------------------------------------
 
@@ -438,6 +448,8 @@ class LeRobotStream(Engine["_Batch"]):
         if self._position is not None:
             checkpoint, skip = self._position
             cursor, dataset = checkpoint.to_state(skip), self._fingerprint
+            if skip and self._share is not None:  # exact at the item: merge_states reads it
+                cursor = settle(cursor, skip, self._share, self._frames, self._shuffle_buffer)
         elif self._loaded is not None:  # loaded, and no item delivered since
             cursor, dataset = self._loaded.get("cursor"), self._loaded.get("dataset")
         else:
@@ -453,7 +465,15 @@ class LeRobotStream(Engine["_Batch"]):
             "dataset": dataset,
             "cursor": cursor,
             "items": self._items,
+            **({"elastic": self._elastic_field()} if self._options.elastic else {}),
         }
+
+    def _elastic_field(self) -> dict[str, Any] | None:
+        if self._loaded is not None and self._position is None:
+            return self._loaded.get("elastic")  # loaded, no item delivered since
+        if self._share is not None:
+            return self._share.elastic
+        return lerobot_share(self, self._build_plan(), None).elastic if self._meta else None
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Continue, on the next iteration, with the item after the last one ``state`` saw.
@@ -463,6 +483,8 @@ class LeRobotStream(Engine["_Batch"]):
         refused with ``SourceError`` (the dataset is checked here when the metadata is
         loaded already, else when the iteration has read it).
         """
+        if isinstance(state, Mapping) and state.get("kind") == JOB_KIND:
+            state = job_to_lerobot(state, self, _STATE_VERSION)  # this consumer's part
         check_state(
             state,
             version=_STATE_VERSION,
@@ -474,6 +496,7 @@ class LeRobotStream(Engine["_Batch"]):
                 "shuffle": self._shuffle_buffer,
             },
         )
+        check_lerobot_state(state, self)
         if self._meta is not None and state.get("dataset") is not None:
             _check_dataset(_fingerprint(self._build_plan()), state["dataset"])
         self._epoch = int(state["epoch"])
@@ -537,6 +560,7 @@ class LeRobotStream(Engine["_Batch"]):
             if resume is not None and resume.get("dataset") is not None:
                 _check_dataset(fingerprint, resume["dataset"])
             self._fingerprint = fingerprint
+            self._share = lerobot_share(self, plan, resume) if opts.elastic else None
             cursor = resume.get("cursor") if resume is not None else None
             pool = self._pool = _ReaderPool(fetcher, self._max_open, opts)
             try:
@@ -554,7 +578,10 @@ class LeRobotStream(Engine["_Batch"]):
                     self._pool = None
 
     def _order(self, plan: _Plan) -> list[list[EpisodeInfo]]:
-        """This rank's episodes grouped by data file, in reading order."""
+        """This rank's episodes grouped by data file, in reading order (elastic: its
+        share's episodes, one per group)."""
+        if self._share is not None:
+            return self._share.order
         chosen, _ = rank_share(plan.episodes, self._rank, self._world_size)
         groups: dict[str, list[EpisodeInfo]] = {}
         for episode in chosen:
@@ -591,11 +618,14 @@ class LeRobotStream(Engine["_Batch"]):
         """
         order = self._order(plan)
         _, split_items = rank_share(plan.episodes, self._rank, self._world_size)
+        lerobot = self._share
+        split_items = split_items and lerobot is None
+        starts = lerobot.starts if lerobot is not None else {}
         # The buffer holds row numbers, not pictures; its draws differ per rank; its
         # state is saved with every checkpoint.
         shuffle: ShuffleBuffer[_Row] | None = None
         if self._shuffle_buffer:
-            seed = f"{self._seed}:{self._epoch}:buffer:{self._rank}"
+            seed = lerobot.seed if lerobot else f"{self._seed}:{self._epoch}:buffer:{self._rank}"
             shuffle = ShuffleBuffer(self._shuffle_buffer, seed)
         g0 = e0 = f0 = seq = skip = 0
         preloaded: dict[int, _EpisodeRows] = {}
@@ -639,20 +669,30 @@ class LeRobotStream(Engine["_Batch"]):
 
             return Job(job.cost, run)
 
+        ahead: dict[int, _EpisodeRows] = {}  # rows read with an earlier group (elastic)
         for g in range(g0, len(order)):
             group = order[g]
             e_first = e0 if g == g0 else 0
             if g == g0 and cursor is not None:
                 rows = preloaded
+            elif group[0].index in ahead:
+                rows = ahead
             else:
-                rows = await _load_episodes(fetcher, plan, group)
+                # Elastic: the next groups (an episode each) of the same data file are
+                # read with this one, in one pass over the file.
+                run, k = list(group), g + 1
+                url = group[0].data_file.url
+                while lerobot is not None and k < len(order) and order[k][0].data_file.url == url:
+                    run += order[k]
+                    k += 1
+                rows = ahead = await _load_episodes(fetcher, plan, run)
                 self._data_files += 1
             for e in range(e_first, len(group)):
                 episode = group[e]
                 data = rows[episode.index]
                 self._episodes_started += 1
                 positions = self._frames(episode)
-                for f in range(f0 if (g, e) == (g0, e0) else 0, episode.length):
+                for f in range(first_frame(g, e, (g0, e0, f0), starts), episode.length):
                     seq += 1
                     if split_items and (seq - 1) % self._world_size != self._rank:
                         continue

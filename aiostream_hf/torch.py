@@ -25,7 +25,7 @@ import abc
 import os
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
@@ -39,7 +39,7 @@ except ImportError as exc:
         "pip install 'aiostream-hf[torch]'"
     ) from exc
 
-from . import _job_ranks, _ranks, lerobot
+from . import _elastic, _job_ranks, _ranks, lerobot
 from ._exceptions import SourceError
 from ._mix import Mix, Stop
 from ._stream import stream
@@ -50,7 +50,9 @@ __all__ = [
     "StepStatistics",
     "StreamDataset",
     "TimedLoader",
+    "dataset_states",
     "distributed_rank",
+    "job_state",
 ]
 
 _T = TypeVar("_T")
@@ -86,6 +88,67 @@ def _job_broadcast() -> _TorchBroadcast | None:
 def _check_flag(share_resolution: object) -> None:
     if not isinstance(share_resolution, bool):
         raise SourceError(f"share_resolution={share_resolution!r}: give True or False")
+
+
+def dataset_states(loader_state: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The stream states of every consumer in one rank's ``StatefulDataLoader.state_dict()``
+    (one per DataLoader worker, or the loader's own with ``num_workers=0``), for
+    ``aiostream_hf.merge_states``. A state whose worker snapshots lag behind the batches
+    yielded (``snapshot_every_n_steps`` > 1) is refused: its positions are not exact."""
+    if not isinstance(loader_state, Mapping):
+        raise SourceError(
+            f"loader_state is a {type(loader_state).__name__}: give a StatefulDataLoader's "
+            "state_dict()"
+        )
+    snapshot = loader_state.get("_snapshot")
+    if snapshot is None:  # num_workers=0: the dataset's state is the loader's
+        found = loader_state.get("dataset_state")
+        if not isinstance(found, Mapping):
+            raise SourceError(
+                "loader_state holds no dataset state: give the state_dict() of a "
+                "StatefulDataLoader over an aiostream_hf.torch dataset"
+            )
+        return [_stream_of(found)]
+    if loader_state.get("_steps_since_snapshot"):
+        raise SourceError(
+            f"loader_state is {loader_state['_steps_since_snapshot']} batches past its workers' "
+            "snapshot (snapshot_every_n_steps > 1): the workers' positions are not those of "
+            "the batches yielded; make the StatefulDataLoader with snapshot_every_n_steps=1"
+        )
+    workers = snapshot.get("_worker_snapshots") or {}
+    out = []
+    for key in sorted(workers, key=lambda k: int(str(k).rsplit("_", 1)[-1])):
+        found = workers[key].get("dataset_state")
+        if not isinstance(found, Mapping):
+            raise SourceError(f"loader_state's {key} holds no dataset state: {found!r}")
+        out.append(_stream_of(found))
+    return out
+
+
+def _stream_of(dataset_state: Mapping[str, Any]) -> dict[str, Any]:
+    stream = dataset_state.get("stream")
+    if not isinstance(stream, Mapping):
+        raise SourceError(
+            f"a dataset state holds no stream state ({dataset_state!r}): the loader was "
+            "checkpointed before any of its workers began; nothing to merge"
+        )
+    return dict(stream)
+
+
+def job_state(loader_states: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """One job state from every rank's ``StatefulDataLoader.state_dict()`` taken at the same
+    step (gather them, e.g. with ``torch.distributed.all_gather_object``): the states of
+    all ranks x workers, merged (``aiostream_hf.merge_states``). Each rank of a job of any
+    size then calls ``dataset.load_state_dict(job)`` before iterating its DataLoader (with
+    any ``num_workers``), instead of the loader's ``load_state_dict``."""
+    if isinstance(loader_states, Mapping):
+        raise SourceError(
+            "job_state takes a list of loader states, one per rank: job_state([state])"
+        )
+    states: list[dict[str, Any]] = []
+    for state in loader_states:
+        states += dataset_states(state)
+    return _elastic.merge_states(states)
 
 
 class _Resumable(Protocol):
@@ -137,6 +200,15 @@ class _StreamIterable(torch.utils.data.IterableDataset[Any]):
         consumer, consumers = self._consumer()
         s = self._open(consumer, consumers)
         s.set_epoch(int(self._epoch))
+        pending = self._pending_state
+        # A job state stays with the parent's dataset (each worker gets a copy): it is the
+        # position of its own epoch, and an epoch set after it (set_epoch) starts afresh.
+        if (
+            pending is not None
+            and pending.get("kind") == _elastic.JOB_KIND
+            and int(pending.get("epoch") or 0) < int(self._epoch)
+        ):
+            self._pending_state = None
         if self._pending_state is not None:
             s.load_state_dict(self._pending_state)
             self._pending_state = None
@@ -158,6 +230,13 @@ class _StreamIterable(torch.utils.data.IterableDataset[Any]):
         return {"stream": self._stream.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """A consumer's state (torchdata Stateful protocol: from ``state_dict()``), or a job
+        state (``job_state()``, ``aiostream_hf.merge_states``) for every consumer of a
+        job of any size: load it into the dataset before the DataLoader's iteration, and
+        each worker takes its share of what is left (``StreamOptions(elastic=True)``)."""
+        if state.get("kind") == _elastic.JOB_KIND:
+            self._pending_state = dict(state)
+            return
         self._pending_state = state.get("stream")
 
     def __getstate__(self) -> dict[str, Any]:

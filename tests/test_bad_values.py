@@ -51,6 +51,8 @@ BAD: dict[str, list[Any]] = {
     "byte_cache_bytes": COUNT,
     "byte_cache_dir": [5, 1.5, True, b"/tmp"],
     "verify_checksums": FLAG,
+    "elastic": FLAG,
+    "slice_bytes": [*COUNT, 0],
     "s3_endpoint_url": TEXT,
     "s3_region": TEXT,
     "s3_anonymous": FLAG,

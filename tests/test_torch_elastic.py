@@ -1,0 +1,177 @@
+"""Elastic resume with real torch DataLoaders (issue 32, line 2): the states of a
+StatefulDataLoader's workers merge into a job state that a job of another size loads, in
+new processes (ranks from RANK/WORLD_SIZE, any number of workers)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import aiostream_hf as ash
+from aiostream_hf.testing import HubServer, make_repo, make_text_parquet
+
+pytestmark = [
+    pytest.mark.torch,
+    pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning"),
+    pytest.mark.filterwarnings("ignore:'set_vital' is deprecated:UserWarning"),
+]
+
+HERE = Path(__file__).parent
+SLICE = 100_000
+ROWS = 330
+OPTIONS = {"elastic": True, "slice_bytes": SLICE}
+KWARGS = {"columns": ["id"], "shuffle": 16, "seed": 3}
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("hub")
+    folder = make_repo(root, "org/elastic", {})
+    start = 0
+    for i, (rows, group) in enumerate([(200, 20), (60, 25), (70, 25)]):
+        make_text_parquet(
+            folder / "data" / f"train-{i}.parquet",
+            rows=rows,
+            row_group_size=group,
+            start_id=start,
+            seed=i,
+            min_text=2000,
+            max_text=4000,
+        )
+        start += rows
+    return root
+
+
+def _rest_in_new_processes(
+    hub: HubServer,
+    tmp_path: Path,
+    job: dict[str, Any],
+    *,
+    ranks: int,
+    workers: int,
+    kind: str = "stream",
+    source: str = "hf://datasets/org/elastic",
+    kwargs: dict[str, Any] | None = None,
+    key: str = "id",
+) -> list[int]:
+    """Every rank of a job of ``ranks`` x ``workers`` reads the rest of the epoch from
+    ``job``, each in a process of its own (torch_resume_script.py, RANK/WORLD_SIZE set)."""
+    state = tmp_path / "job.json"
+    state.write_text(json.dumps(job))
+    got: list[int] = []
+    for rank in range(ranks):
+        out = tmp_path / f"rank-{rank}.json"
+        config = {
+            "kind": kind,
+            "source": source,
+            "endpoint": hub.endpoint,
+            "cache": str(tmp_path / "cache"),
+            "options": OPTIONS,
+            "kwargs": KWARGS if kwargs is None else kwargs,
+            "state": str(state),
+            "job": True,
+            "workers": workers,
+            "key": key,
+            "out": str(out),
+        }
+        env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(ranks)}
+        done = subprocess.run(
+            [sys.executable, str(HERE / "torch_resume_script.py"), json.dumps(config)],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env=env,
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+        got += json.loads(out.read_text())
+    return got
+
+
+def test_a_dataloader_job_of_2_workers_resumes_as_2_ranks_of_3_workers(
+    root: Path, tmp_path: Path
+) -> None:
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    from aiostream_hf.torch import StreamDataset, dataset_states, job_state
+
+    with HubServer(root) as hub:
+        options = ash.StreamOptions(cache_dir=tmp_path / "cache", pin_ttl=3600, **OPTIONS)
+        ds = StreamDataset(
+            "hf://datasets/org/elastic", endpoint=hub.endpoint, options=options, **KWARGS
+        )
+        loader = StatefulDataLoader(ds, batch_size=4, num_workers=2)
+        before: list[int] = []
+        for i, batch in enumerate(loader):
+            before += [int(x) for x in batch["id"]]
+            if i == 12:
+                break
+        state = json.loads(json.dumps(loader.state_dict()))
+        del loader
+        workers = dataset_states(state)
+        assert [(s["rank"], s["world_size"]) for s in workers] == [(0, 2), (1, 2)]
+        job = job_state([state])
+        assert job["elastic"]["base"]["buffer"]  # the workers' shuffle buffers, carried over
+        hub.reset_stats()
+        after = _rest_in_new_processes(hub, tmp_path, job, ranks=2, workers=3)
+        assert hub.wait_idle().by_bucket.get("api", 0) == 0  # the pin came from the cache
+    assert len(before) + len(after) == ROWS  # nothing twice...
+    assert sorted(before + after) == list(range(ROWS))  # ...nothing lost
+
+
+def test_a_loader_state_behind_its_workers_snapshot_is_refused() -> None:
+    from aiostream_hf.torch import dataset_states
+
+    with pytest.raises(ash.SourceError, match="snapshot_every_n_steps=1"):
+        dataset_states({"_snapshot": {"_worker_snapshots": {}}, "_steps_since_snapshot": 2})
+
+
+def test_a_lerobot_dataloader_job_of_3_workers_resumes_as_3_ranks_of_1_worker(
+    tmp_path: Path,
+) -> None:
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    from aiostream_hf.testing import make_lerobot_dataset
+    from aiostream_hf.torch import LeRobotStreamDataset, job_state
+
+    lengths = (12, 9, 15, 11, 7)
+    layout = make_lerobot_dataset(
+        tmp_path / "robot",
+        "org/robot",
+        codec="h264",
+        width=32,
+        height=32,
+        episodes=lengths,
+        episodes_per_video_file=3,
+        episodes_per_data_file=2,
+    )
+    kwargs = {"shuffle": 8, "seed": 1, "batch_items": 3}
+    with HubServer(tmp_path / "robot") as hub:
+        options = ash.StreamOptions(cache_dir=tmp_path / "cache", pin_ttl=3600, **OPTIONS)
+        ds = LeRobotStreamDataset(layout.uri, endpoint=hub.endpoint, options=options, **kwargs)
+        loader = StatefulDataLoader(ds, batch_size=2, num_workers=3)
+        before: list[int] = []
+        for i, batch in enumerate(loader):
+            before += [int(x) for x in batch["index"]]
+            if i == 6:
+                break
+        job = job_state([json.loads(json.dumps(loader.state_dict()))])
+        del loader
+        after = _rest_in_new_processes(
+            hub,
+            tmp_path,
+            job,
+            ranks=3,
+            workers=1,
+            kind="lerobot",
+            source=layout.uri,
+            kwargs=kwargs,
+            key="index",
+        )
+    assert len(before) + len(after) == sum(lengths)
+    assert sorted(before + after) == list(range(sum(lengths)))
