@@ -20,7 +20,7 @@ import json
 import os
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from email.utils import formatdate
@@ -65,7 +65,10 @@ from ._hub_http import (
 from ._hub_stats import HubStats, _Counters
 from ._repos import RefSnapshot, RepoFile, RepoStore
 
-__all__ = ["AccessRules", "DeliberateCut", "HubApp", "HubStats"]
+__all__ = ["STARTED", "AccessRules", "DeliberateCut", "HubApp", "HubStats"]
+
+#: The scope key HubApp sets as it begins a request (``HubServer`` looks for it).
+STARTED = "aiostream_hf.started"
 
 _LFS_POINTER_SIZE = 134
 
@@ -139,6 +142,8 @@ class HubApp:
         self.cdn_url_ttl_s = cdn_url_ttl_s
         self.secret = secret or os.urandom(16)
         self.counters = _Counters()
+        # requests the server holds but has not begun to serve (HubServer sets it)
+        self.waiting: Callable[[], int] = lambda: 0
         self._variant_lock = threading.Lock()
         self._variant_hashes: dict[tuple[str, str, int], tuple[str, str]] = {}
         self._bandwidth_lock = threading.Lock()
@@ -149,6 +154,7 @@ class HubApp:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return  # lifespan is off; websockets are not served
+        scope[STARTED] = True  # this request is begun: ``waiting`` no longer counts it
         raw_path = scope.get("raw_path") or scope["path"].encode()
         path = raw_path.decode("latin-1").split("?", 1)[0]
         query = parse_qs(scope.get("query_string", b"").decode("latin-1"), keep_blank_values=True)
@@ -316,9 +322,12 @@ class HubApp:
 
     # -- control -------------------------------------------------------------
 
+    def stats(self) -> HubStats:
+        return self.counters.snapshot(self.waiting())
+
     def _control(self, method: str, path: str, body: bytes) -> _Response:
         if path == "/_emulator/stats" and method == "GET":
-            return _json(200, self.counters.snapshot().to_json())
+            return _json(200, self.stats().to_json())
         if path == "/_emulator/reset" and method == "POST":
             with self.counters.lock:
                 self.counters.reset()

@@ -12,12 +12,16 @@ server starts, so ``endpoint`` is usable as soon as the context is entered.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
 import os
+import select
 import socket
+import struct
 import subprocess as sp
 import sys
+import termios
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -31,7 +35,7 @@ import httpx2
 
 from .._exceptions import ClosedResourceError, HubServerError
 from ._faults import Faults, RateLimits
-from ._hub_app import AccessRules, DeliberateCut, HubApp, HubStats
+from ._hub_app import STARTED, AccessRules, DeliberateCut, HubApp, HubStats
 from ._repos import RepoStore
 
 if TYPE_CHECKING:
@@ -185,6 +189,7 @@ class HubServer:
         )
         self._server = server = uvicorn.Server(config)
         sockets = [hub_sock, cdn_sock]
+        self._app.waiting = lambda: _not_begun(server, sockets)
 
         def run() -> None:
             try:
@@ -272,7 +277,7 @@ class HubServer:
         """Requests by bucket, endpoint and status, bytes served, peak concurrency, faults."""
         self._require_running()
         if self._app is not None:
-            return self._app.counters.snapshot()
+            return self._app.stats()
         return HubStats.from_json(self._control("GET", "stats"))
 
     def wait_idle(self, timeout: float = 10.0) -> HubStats:
@@ -358,6 +363,38 @@ def wait_for_eof(stop: threading.Event) -> None:
         pass
     finally:
         stop.set()
+
+
+def _not_begun(server: uvicorn.Server, listening: Sequence[socket.socket]) -> int:
+    """Requests the server holds but has not begun: connections waiting to be accepted,
+    request bytes unread on a connection, a request read whose handler has not started.
+
+    A client that sends a request and closes at once (a stream closed with its readahead
+    under way) has its request served after it is gone; ``wait_idle`` waits for these too,
+    so that their bytes are not counted as the next test step's."""
+    waiting = 0
+    for sock in listening:
+        if sock.fileno() >= 0 and select.select([sock], [], [], 0)[0]:
+            waiting += 1  # a connection to accept (its request may already be sent)
+    try:
+        connections = list(server.server_state.connections)
+    except RuntimeError:  # the set changed as it was copied: the loop is busy; try again
+        return 1
+    for protocol in connections:
+        transport = getattr(protocol, "transport", None)
+        conn: Any = transport.get_extra_info("socket") if transport is not None else None
+        if conn is not None and conn.fileno() >= 0:
+            try:
+                unread = struct.unpack("i", fcntl.ioctl(conn.fileno(), termios.FIONREAD, b"\0" * 4))
+            except OSError:  # closed meanwhile: nothing waits on it
+                unread = (0,)
+            if unread[0] > 0:
+                waiting += 1
+                continue
+        cycle = getattr(protocol, "cycle", None)
+        if cycle is not None and not (cycle.response_complete or cycle.disconnected):
+            waiting += STARTED not in cycle.scope  # read, but its handler has not run yet
+    return waiting
 
 
 def serve_forever(

@@ -36,8 +36,10 @@ class HubStats:
     # "hub GET /raw/path" or "cdn GET /raw/path" (as sent, query cut) of the latest
     # MAX_PATHS_KEPT requests, oldest first: where a client went
     paths: tuple[str, ...] = ()
-    # requests under way at the snapshot: a response's last bytes are counted once its
-    # client may already have read them (``HubServer.wait_idle`` waits for 0)
+    # requests under way at the snapshot, and requests the server holds but has not begun
+    # (bytes unread on a connection, a connection not yet accepted): a response's last
+    # bytes are counted once its client may already have read them, and a request a client
+    # sent just before it closed is served after (``HubServer.wait_idle`` waits for 0)
     in_flight: int = 0
 
     def to_json(self) -> dict[str, Any]:
@@ -85,8 +87,10 @@ class _Counters:
         self.by_endpoint: dict[str, int] = {}
         self.by_status: dict[int, int] = {}
         self.bytes_served = 0
-        self.concurrent = 0
-        self.peak_concurrent = 0
+        # requests under way are a state, not a count: a reset keeps them (it would go
+        # negative as they end)
+        self.concurrent = getattr(self, "concurrent", 0)
+        self.peak_concurrent = self.concurrent
         self.throttled = 0
         self.faults: dict[str, int] = {}
         self.peers: set[tuple[str, int]] = set()  # bounded by the ports of one host
@@ -96,7 +100,9 @@ class _Counters:
     def bump(self, table: dict[Any, int], key: Any, n: int = 1) -> None:
         table[key] = table.get(key, 0) + n
 
-    def snapshot(self) -> HubStats:
+    def snapshot(self, waiting: int = 0) -> HubStats:
+        """The counts; ``waiting``: requests the server holds but has not begun to serve,
+        counted in ``in_flight``."""
         with self.lock:
             return HubStats(
                 self.requests,
@@ -110,5 +116,5 @@ class _Counters:
                 len(self.peers),
                 self.cdn_authorized,
                 tuple(self.paths),
-                self.concurrent,
+                self.concurrent + waiting,
             )

@@ -7,9 +7,11 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx2
 import pyarrow.parquet as pq
@@ -435,6 +437,54 @@ def test_wait_idle_counts_a_response_once_it_is_done(
     assert body == blob_repo
     assert stats.in_flight == 0
     assert stats.bytes_served == len(blob_repo)
+
+
+def test_wait_idle_waits_for_a_request_whose_client_left_before_it_was_read(
+    root: Path, blob_repo: bytes
+) -> None:
+    # A stream closed with its readahead under way: the request was sent, the client is
+    # gone, and the server has not read it yet. Its bytes belong before wait_idle returns.
+    with HubServer(root) as hub, httpx2.Client() as client:
+        cdn = urlsplit(client.get(hub.url("org/blobs", "data/blob.parquet")).headers["location"])
+        hub.wait_idle()
+        hub.reset_stats()
+        assert hub._server is not None
+        loop = next(iter(hub._server.server_state.connections)).loop  # the server's loop
+        held, release = threading.Event(), threading.Event()
+        loop.call_soon_threadsafe(lambda: (held.set(), release.wait(10)))
+        assert held.wait(10)
+        try:  # the loop is held: what is sent now waits unread
+            with socket.create_connection((cdn.hostname or "", cdn.port or 80)) as sock:
+                sock.sendall(
+                    f"GET {cdn.path}?{cdn.query} HTTP/1.1\r\nHost: {cdn.netloc}\r\n"
+                    "Range: bytes=0-999\r\n\r\n".encode()
+                )
+            waiting = hub.stats()
+            assert (waiting.requests, waiting.in_flight) == (0, 1)
+            with pytest.raises(HubServerError, match="1 requests still under way"):
+                hub.wait_idle(timeout=0.1)
+        finally:
+            release.set()
+        served = hub.wait_idle()
+    assert (served.requests, served.in_flight) == (1, 0)
+
+
+def test_a_reset_while_a_response_is_under_way_keeps_it_under_way(
+    root: Path, blob_repo: bytes
+) -> None:
+    slow = Faults(bandwidth_per_connection=4e6, targets=("cdn",))  # 3 MB: under way 0.75 s
+    with HubServer(root, faults=slow) as hub, httpx2.Client() as client:
+        cdn = client.get(hub.url("org/blobs", "data/blob.parquet")).headers["location"]
+        with client.stream("GET", cdn) as response:
+            chunks = response.iter_bytes(1024)
+            body = next(chunks)
+            hub.reset_stats()
+            assert hub.stats().in_flight == 1
+            body += b"".join(chunks)
+        stats = hub.wait_idle()  # it would wait forever for a count gone below 0
+    assert body == blob_repo
+    assert stats.in_flight == 0
+    assert 0 < stats.bytes_served <= len(blob_repo)  # what was counted after the reset
 
 
 def test_set_faults_while_running(root: Path, blob_repo: bytes) -> None:
