@@ -15,7 +15,12 @@ rounds that alternate the order, each contender reads it all again:
 - read_table (Parquet only): ``pyarrow.parquet.read_table`` of each file, the fastest
   local way to Arrow.
 
-Parquet is read as Arrow batches (``output="arrow"``), TAR as samples. The ratios are
+Parquet is read as Arrow batches (``output="arrow"``), TAR as samples. Each contender
+runs in a fresh process (this script with ``--worker``) that reads one
+epoch unmeasured and then the measured one (a training process's second epoch), in an
+order that changes with the round (``_harness.rotations``): one process reading
+everything carried what one contender left (the allocator's heap, the threads) into the
+next, and the TAR ratio swung between 0.86 and 1.04 with the order alone. The ratios are
 the medians of the per-round ratios, with their min-max (issue 33, line 2).
 """
 
@@ -73,10 +78,45 @@ def _stream(source: Any, **kw: Any) -> tuple[int, float, dict[str, Any]]:
     return n, time.perf_counter() - t, dict(s.statistics().fetcher.get("byte_cache", {}))
 
 
-def _read_table(paths: list[Path]) -> tuple[int, float]:
+def _read_table(paths: list[str]) -> tuple[int, float]:
     t = time.perf_counter()
     n = sum(pq.read_table(p).num_rows for p in paths)
     return n, time.perf_counter() - t
+
+
+def _worker(spec: dict[str, Any]) -> dict[str, Any]:
+    """Epochs of one contender in this fresh process: ``warmup`` unmeasured ones, then the
+    one measured, as a training process reads its second epoch after its first."""
+    kw = {"parquet": {"output": "arrow"}, "webdataset": {"split": "train"}}[spec["name"]]
+    for _ in range(spec.get("warmup", 0) + 1):
+        cache: dict[str, Any] = {}
+        if spec["contender"] == "cache":
+            options = ash.StreamOptions(
+                cache_dir=Path(spec["cache_dir"]), byte_cache_bytes=spec["byte_cache_bytes"]
+            )
+            src, endpoint = spec["source"], spec["endpoint"]
+            n, sec, cache = _stream(src, endpoint=endpoint, options=options, **kw)
+        elif spec["contender"] == "local":
+            options = ash.StreamOptions(cache_dir=Path(spec["plain_dir"]))
+            n, sec, _ = _stream(spec["paths"], options=options, **kw)
+        else:
+            n, sec = _read_table(spec["paths"])
+    return {"samples": n, "seconds": sec, "byte_cache": cache}
+
+
+def _epoch(hub: Any, spec: dict[str, Any], tmp: Path) -> tuple[dict[str, Any], Any, Any]:
+    """Run one epoch in a fresh process: (its result, the server's counts before, after)."""
+    before = hub.wait_idle()
+    spec = {**spec, "endpoint": hub.endpoint, "result_path": str(tmp / "result.json")}
+    log = tmp / f"{spec['name']}-{spec['contender']}.log"
+    env = _harness.worker_env(hub.endpoint, tmp)
+    code, _, _ = _harness.run_worker(Path(__file__).resolve(), spec, env, log, timeout=900)
+    if code != 0:
+        raise RuntimeError(
+            f"{spec['name']} {spec['contender']} exited {code}:\n{log.read_text()[-3000:]}"
+        )
+    after = hub.wait_idle()
+    return json.loads(Path(spec["result_path"]).read_text()), before, after
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -84,73 +124,82 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=None, help="default 5 (1 with --quick)")
     p.add_argument("--quick", action="store_true", help="small data, 1 round: a smoke test")
     p.add_argument("--out", type=Path, default=None, help="default results/byte-cache.json")
+    p.add_argument("--worker", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    if args.worker:
+        spec = json.loads(args.worker)
+        Path(spec["result_path"]).write_text(json.dumps(_worker(spec)))
+        return 0
     profile = "quick" if args.quick else "full"
     files, rows, shards, samples = SIZES[profile]
     rounds_wanted = args.rounds or (1 if args.quick else 5)
     out = args.out or HERE / "results" / f"byte-cache{'-quick' if args.quick else ''}.json"
-    rounds: list[dict[str, Any]] = []
-    with tempfile.TemporaryDirectory() as tmp:
-        root = Path(tmp) / "hub"
+    rounds: list[dict[str, Any]] = [{"round": r} for r in range(rounds_wanted)]
+    with tempfile.TemporaryDirectory() as tmp_name:
+        tmp = Path(tmp_name)
+        root = tmp / "hub"
         _data(root, files, rows, shards, samples)
-        options = ash.StreamOptions(cache_dir=Path(tmp) / "cache", byte_cache_bytes=8 << 30)
-        plain = ash.StreamOptions(cache_dir=Path(tmp) / "plain")
         parquet = sorted((root / "datasets/bench/text/data").glob("*.parquet"))
         tars = sorted((root / "datasets/bench/shards").glob("*.tar"))
-        sizes = {
-            "parquet": sum(f.stat().st_size for f in parquet),
-            "webdataset": sum(f.stat().st_size for f in tars),
-        }
+        local = {"parquet": parquet, "webdataset": tars}
+        sizes = {name: sum(f.stat().st_size for f in files) for name, files in local.items()}
         with HubServer(root, subprocess=True, lfs_threshold=0) as hub:
             sources = {
                 "parquet": "hf://datasets/bench/text",
                 "webdataset": "hf://datasets/bench/shards",
             }
-            kw = {"parquet": {"output": "arrow"}, "webdataset": {"split": "train"}}
+            base = {
+                "cache_dir": str(tmp / "cache"),
+                "plain_dir": str(tmp / "plain"),
+                "byte_cache_bytes": 8 << 30,
+            }
             cold: dict[str, Any] = {}
             for name, src in sources.items():
-                before = hub.wait_idle().bytes_served
-                n, sec, cache = _stream(src, endpoint=hub.endpoint, options=options, **kw[name])
+                spec = {**base, "name": name, "contender": "cache", "source": src}
+                done, before, after = _epoch(hub, spec, tmp)
                 cold[name] = {
-                    "samples": n,
-                    "seconds": sec,
-                    "bytes_served": hub.wait_idle().bytes_served - before,
+                    "samples": done["samples"],
+                    "seconds": done["seconds"],
+                    "bytes_served": after.bytes_served - before.bytes_served,
                     "files_bytes": sizes[name],
-                    "byte_cache": cache,
+                    "byte_cache": done["byte_cache"],
                 }
-                print(f"epoch 1 {name}: {n:,} in {sec:.2f} s", flush=True)
-            for r in range(rounds_wanted):
-                result: dict[str, Any] = {"round": r}
-                for name, src in sources.items():
-                    contenders = ["cache", "local"] + (["read_table"] if name == "parquet" else [])
-                    if r % 2:
-                        contenders.reverse()
-                    for who in contenders:
-                        before = hub.wait_idle()
-                        if who == "cache":
-                            n, sec, cache = _stream(
-                                src, endpoint=hub.endpoint, options=options, **kw[name]
+                print(f"epoch 1 {name}: {done['samples']:,} in {done['seconds']:.2f} s", flush=True)
+            for name, src in sources.items():
+                contenders = ["cache", "local"] + (["read_table"] if name == "parquet" else [])
+                orders = _harness.rotations(contenders, rounds_wanted)
+                for result, order in zip(rounds, orders, strict=True):
+                    for who in order:
+                        spec = {
+                            **base,
+                            "name": name,
+                            "contender": who,
+                            "source": src,
+                            "paths": [str(f) for f in local[name]],
+                            "warmup": 1,
+                        }
+                        done, before, after = _epoch(hub, spec, tmp)
+                        if done["samples"] != cold[name]["samples"]:
+                            raise RuntimeError(
+                                f"{name} {who} read {done['samples']:,} samples, epoch 1 "
+                                f"{cold[name]['samples']:,}"
                             )
-                            after = hub.wait_idle()
+                        if who == "cache":
                             result[f"{name}-cdn-requests"] = after.by_bucket.get(
                                 "cdn", 0
                             ) - before.by_bucket.get("cdn", 0)
                             result[f"{name}-bytes-served"] = (
                                 after.bytes_served - before.bytes_served
                             )
-                            result[f"{name}-misses"] = cache.get("misses", 0)
-                        elif who == "local":
-                            paths = [str(f) for f in (parquet if name == "parquet" else tars)]
-                            n, sec, _ = _stream(paths, options=plain, **kw[name])
-                        else:
-                            n, sec = _read_table(parquet)
-                        result[f"{name}-{who}"] = n / sec
-                print(
-                    f"round {r}: "
-                    + ", ".join(f"{k} {v:,.0f}" for k, v in result.items() if k != "round"),
-                    flush=True,
-                )
-                rounds.append(result)
+                            result[f"{name}-misses"] = done["byte_cache"].get("misses", 0)
+                        result[f"{name}-{who}"] = done["samples"] / done["seconds"]
+                    print(
+                        f"round {result['round']} {name}: "
+                        + ", ".join(
+                            f"{k} {v:,.0f}" for k, v in result.items() if k.startswith(name)
+                        ),
+                        flush=True,
+                    )
 
     def ratio(name: str, a: str, b: str) -> dict[str, float]:
         values = [x[f"{name}-{a}"] / x[f"{name}-{b}"] for x in rounds]
@@ -201,6 +250,8 @@ def main(argv: list[str] | None = None) -> int:
             "contenders": "cache: stream('hf://...') with the warm byte cache (server in its own "
             "process, 0 latency: nothing is fetched); local: stream(paths) of the same files; "
             "read_table: pyarrow.parquet.read_table of each file",
+            "processes": "each contender's epochs in a fresh process: one unmeasured, then the "
+            "measured one; orders rotated by round (_harness.rotations)",
         },
         "ratios": [
             served_entry(),
