@@ -71,11 +71,16 @@ import filelock
 
 from ._models import FileRef
 
-__all__ = ["BLOCK", "MAX_ENTRY", "ByteCache", "ByteCacheStatistics"]
+__all__ = ["BLOCK", "MAX_ENTRY", "VIDEO_BLOCK", "ByteCache", "ByteCacheStatistics"]
 
 logger = logging.getLogger("aiostream_hf")
 
 BLOCK = 1024 * 1024
+#: The block of a video file (by its suffix, ``VIDEO_SUFFIXES``): its reads are a GOP
+#: each, here and there in the file; whole 1 MiB blocks about doubled what a cold read of
+#: a GOP of a 640x480 video (about 1.2 MB) fetched.
+VIDEO_BLOCK = 256 * 1024
+VIDEO_SUFFIXES = (".mp4", ".m4v", ".mov", ".mkv", ".webm", ".avi")
 _MAGIC = b"ASHBLK1\0"
 _HEADER = struct.Struct("<8sQI4x")  # magic, payload length, CRC-32 of the payload
 _ENTRY_MAGIC = b"ASHENT1\0"
@@ -163,13 +168,23 @@ class ByteCache:
     """See the module's docstring."""
 
     def __init__(
-        self, folder: Path, limit: int, *, block: int = BLOCK, lock_timeout: float = 60.0
+        self,
+        folder: Path,
+        limit: int,
+        *,
+        block: int = BLOCK,
+        video_block: int = VIDEO_BLOCK,
+        lock_timeout: float = 60.0,
     ) -> None:
-        if limit < 1 or block < 1:
-            raise ValueError(f"ByteCache(limit={limit}, block={block}): both must be >= 1")
+        if limit < 1 or block < 1 or video_block < 1:
+            raise ValueError(
+                f"ByteCache(limit={limit}, block={block}, video_block={video_block}): "
+                "each must be >= 1"
+            )
         self.folder = Path(folder)
         self.limit = limit
         self.block = block
+        self.video_block = video_block
         self._lock_timeout = lock_timeout
         self._counts: dict[str, int] = dict.fromkeys(ByteCacheStatistics.__dataclass_fields__, 0)
         self._written_since_look = 0
@@ -187,6 +202,12 @@ class ByteCache:
     def holds(file: FileRef) -> bool:
         """Whether ``file`` is cached: its size and version (ETag) known before a read."""
         return file.size is not None and bool(file.etag)
+
+    def block_of(self, file: FileRef) -> int:
+        """The block size ``file`` is kept in: ``video_block`` for a video file (by its
+        suffix: every process of a machine picks the same, so they share its blocks),
+        else ``block``."""
+        return self.video_block if file.path.lower().endswith(VIDEO_SUFFIXES) else self.block
 
     # -- reads ----------------------------------------------------------------------------
 
@@ -209,14 +230,15 @@ class ByteCache:
         # Spans across blocks already checked are read straight into one buffer each
         # (one copy, as a local read); the others go through the blocks, and are joined.
         # (A call whose spans each lie in one block makes no thread hop for it.)
-        crossing = any(e > s and len(self._blocks_of(s, e)) > 1 for s, e in spans)
+        b = self.block_of(file)
+        crossing = any(e > s and len(_blocks_of(b, s, e)) > 1 for s, e in spans)
         direct: list[bytearray | None] = (
             await anyio.to_thread.run_sync(self._read_direct, file, scope, spans)
             if crossing
             else [None] * len(spans)
         )
         rest = [(s, e) for (s, e), got in zip(spans, direct, strict=True) if got is None]
-        needs = self._needs([(s, e) for s, e in rest if e > s])
+        needs = _needs(b, [(s, e) for s, e in rest if e > s])
         blocks = await self._blocks(file, scope, needs, fetch, max_request) if needs else {}
         out: list[bytes | memoryview] = []
         for (s, e), got in zip(spans, direct, strict=True):
@@ -226,7 +248,7 @@ class ByteCache:
             if e <= s:
                 out.append(b"")
                 continue
-            pieces = self._cut(blocks, s, e)
+            pieces = _cut(b, blocks, s, e)
             out.append(pieces[0] if len(pieces) == 1 else b"".join(pieces))
         return out
 
@@ -238,15 +260,16 @@ class ByteCache:
         over one block (a view of it is no copy), or with a block not there or not
         checked (read through ``_blocks``, which checks it)."""
         out: list[bytearray | None] = []
+        b = self.block_of(file)
         for s, e in spans:
-            blocks = self._blocks_of(s, e) if e > s else range(0)
+            blocks = _blocks_of(b, s, e) if e > s else range(0)
             if len(blocks) < 2:
                 out.append(None)
                 continue
             buf = bytearray(e - s)
             for i in blocks:
-                at = i * self.block
-                lo, hi = max(s, at) - at, min(e, at + self.block) - at
+                at = i * b
+                lo, hi = max(s, at) - at, min(e, at + b) - at
                 bs, be = self._span(file, i)
                 into = memoryview(buf)[at + lo - s : at + hi - s]
                 if not self._read_checked(self._path(self._key(file, scope, i)), be - bs, lo, into):
@@ -301,38 +324,18 @@ class ByteCache:
             return []
         if not self._prepared:
             await anyio.to_thread.run_sync(self._prepare)
-        blocks = await self._blocks(file, scope, self._needs([(start, end)]), fetch, max_request)
-        return self._cut(blocks, start, end)
-
-    def _cut(self, blocks: dict[int, Any], s: int, e: int) -> list[memoryview]:
-        """Views of the blocks covering ``[s, e)``, each cut to it."""
-        pieces = []
-        for i in self._blocks_of(s, e):
-            at = i * self.block
-            pieces.append(memoryview(blocks[i])[max(s, at) - at : min(e, at + self.block) - at])
-        return pieces
-
-    def _needs(self, spans: list[tuple[int, int]]) -> dict[int, tuple[int, int]]:
-        """The blocks ``spans`` touch, each with the part of it they need (from the
-        first byte of the first to the last of the last, relative to the block)."""
-        needs: dict[int, tuple[int, int]] = {}
-        for s, e in spans:
-            for i in self._blocks_of(s, e):
-                at = i * self.block
-                lo, hi = max(s, at) - at, min(e, at + self.block) - at
-                had = needs.get(i)
-                needs[i] = (lo, hi) if had is None else (min(had[0], lo), max(had[1], hi))
-        return dict(sorted(needs.items()))
-
-    def _blocks_of(self, start: int, end: int) -> range:
-        return range(start // self.block, (end - 1) // self.block + 1)
+        b = self.block_of(file)
+        blocks = await self._blocks(file, scope, _needs(b, [(start, end)]), fetch, max_request)
+        return _cut(b, blocks, start, end)
 
     def _span(self, file: FileRef, i: int) -> tuple[int, int]:
         assert file.size is not None
-        return i * self.block, min(file.size, (i + 1) * self.block)
+        b = self.block_of(file)
+        return i * b, min(file.size, (i + 1) * b)
 
     def _key(self, file: FileRef, scope: str, i: int) -> str:
-        ident = f"{scope}\0{file.path}\0{file.size}\0{file.etag}\0{self.block}\0{i}"
+        b = self.block_of(file)
+        ident = f"{scope}\0{file.path}\0{file.size}\0{file.etag}\0{b}\0{i}"
         return hashlib.sha256(ident.encode()).hexdigest()
 
     def _path(self, key: str, kind: str = "blocks", suffix: str = ".blk") -> Path:
@@ -445,7 +448,7 @@ class ByteCache:
                 buffers = await fetch(ranges)
                 for (s, e), buf in zip(ranges, buffers, strict=True):
                     data = bytes(buf)
-                    for i in self._blocks_of(s, e):
+                    for i in _blocks_of(self.block_of(file), s, e):
                         bs, be = self._span(file, i)
                         fetched[i] = data[bs - s : be - s]
                 self._counts["misses"] += len(fetched)
@@ -465,7 +468,8 @@ class ByteCache:
         runs: list[tuple[int, int]] = []
         for i in blocks:
             s, e = self._span(file, i)
-            if runs and runs[-1][1] == s and e - runs[-1][0] <= max(max_request, self.block):
+            at_most = max(max_request, self.block_of(file))
+            if runs and runs[-1][1] == s and e - runs[-1][0] <= at_most:
                 runs[-1] = (runs[-1][0], e)
             else:
                 runs.append((s, e))
@@ -737,3 +741,29 @@ class ByteCache:
                     self._counts["evicted_bytes"] += size - _HEADER.size
         finally:
             lock.release()
+
+
+def _blocks_of(block: int, start: int, end: int) -> range:
+    return range(start // block, (end - 1) // block + 1)
+
+
+def _cut(block: int, blocks: dict[int, Any], s: int, e: int) -> list[memoryview]:
+    """Views of the blocks (of ``block`` bytes) covering ``[s, e)``, each cut to it."""
+    pieces = []
+    for i in _blocks_of(block, s, e):
+        at = i * block
+        pieces.append(memoryview(blocks[i])[max(s, at) - at : min(e, at + block) - at])
+    return pieces
+
+
+def _needs(block: int, spans: list[tuple[int, int]]) -> dict[int, tuple[int, int]]:
+    """The blocks ``spans`` touch, each with the part of it they need (from the first
+    byte of the first to the last of the last, relative to the block)."""
+    needs: dict[int, tuple[int, int]] = {}
+    for s, e in spans:
+        for i in _blocks_of(block, s, e):
+            at = i * block
+            lo, hi = max(s, at) - at, min(e, at + block) - at
+            had = needs.get(i)
+            needs[i] = (lo, hi) if had is None else (min(had[0], lo), max(had[1], hi))
+    return dict(sorted(needs.items()))

@@ -785,7 +785,7 @@ class _CachedChunks:
             end = min(self._end, self._pos + self._block)
             max_request = self._fetcher.options.max_range_size
             if self._end - self._pos <= _CACHED_SPAN_AT_ONCE:
-                end, max_request = self._end, cache.block
+                end, max_request = self._end, cache.block_of(self._file)
             with stage_network():
                 views = await cache.read_blocks(
                     self._file,

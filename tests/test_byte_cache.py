@@ -298,6 +298,38 @@ async def test_spans_across_blocks_are_cut_and_joined_exactly(tmp_path: Path) ->
     assert cache.statistics().misses == 10  # every block fetched once
 
 
+@pytest.mark.parametrize(
+    ("path", "block"), [("videos/ep.mp4", 1000), ("clips/a.WEBM", 1000), ("data/f.parquet", 4000)]
+)
+async def test_a_video_file_is_kept_in_its_own_smaller_blocks(
+    tmp_path: Path, path: str, block: int
+) -> None:
+    """A video's reads are a GOP each here and there: its blocks are ``video_block``, so a
+    cold read fetches little more than it needs; other files keep ``block``. Every
+    process picks the same size for a file (by its suffix), so they share its blocks."""
+    data = random.Random(2).randbytes(40_000)
+    file = FileRef(f"mem://{path}", path, size=len(data), etag="v1")
+    asked: list[tuple[int, int]] = []
+
+    async def fetch(ranges: list[tuple[int, int]]) -> Sequence[bytes]:
+        asked.extend(ranges)
+        return [data[s:e] for s, e in ranges]
+
+    cache = ByteCache(tmp_path, 1 << 20, block=4000, video_block=1000)
+    assert cache.block_of(file) == block
+    gop = (12_345, 14_567)
+    assert await cache.read(file, "scope", [gop], fetch, max_request=1 << 20) == [
+        data[12_345:14_567]
+    ]
+    assert asked == [(gop[0] // block * block, -(-gop[1] // block) * block)]
+    asked.clear()
+    again = ByteCache(tmp_path, 1 << 20, block=4000, video_block=1000)  # another process
+    assert await again.read(file, "scope", [gop], fetch, max_request=1 << 20) == [
+        data[12_345:14_567]
+    ]
+    assert asked == []  # its blocks, found under the same keys
+
+
 async def test_a_read_cancelled_while_taking_its_locks_leaves_none_held(tmp_path: Path) -> None:
     """The locks are taken in a worker thread that a cancellation waits for: its answer
     is lost, so the locks it took must be released by the cancelled read itself."""

@@ -246,7 +246,7 @@ async def test_entries_count_under_the_limit_and_are_evicted(tmp_path: Path) -> 
 async def test_an_evicted_index_is_read_again(hub: HubServer, tmp_path: Path) -> None:
     """With a limit the frames' blocks overflow, the index entry (the oldest) goes, and is
     counted; the next open reads the index from the network."""
-    options = _options(tmp_path, byte_cache_bytes=1 << 20)  # less than the frames' blocks
+    options = _options(tmp_path, byte_cache_bytes=1 << 18)  # less than the frames' blocks
     _, first, cache, _ = await _open(hub, options, TIMES)
     assert not first.index_cached
     assert cache["entries_written"] == 2
