@@ -5,23 +5,25 @@
 
 run_all's ``byte-cache``: its ratios are rows of docs/benchmarks.md.
 
-A Parquet dataset (text rows) and WebDataset shards on a local Hub server in its own
-process. Epoch 1 streams each through the byte cache (``byte_cache_bytes``); then, in
-rounds that alternate the order, each contender reads it all again:
+A Parquet dataset (text rows), WebDataset shards and a LeRobot dataset (two cameras,
+h264) on a local Hub server in its own process. Epoch 1 streams each through the byte
+cache (``byte_cache_bytes``); then, in rounds, each contender reads it all again:
 
 - cache: ``stream("hf://...")`` with the warm cache (the server counts what it serves:
   an epoch that fetched anything is reported);
-- local: ``stream(paths)`` of the same files on local disk (the same engine);
+- local: ``stream(paths)`` of the same files on local disk (the same engine; LeRobot:
+  ``lerobot.stream(folder)`` of the dataset's folder);
 - read_table (Parquet only): ``pyarrow.parquet.read_table`` of each file, the fastest
   local way to Arrow.
 
-Parquet is read as Arrow batches (``output="arrow"``), TAR as samples. Each contender
-runs in a fresh process (this script with ``--worker``) that reads one
-epoch unmeasured and then the measured one (a training process's second epoch), in an
-order that changes with the round (``_harness.rotations``): one process reading
-everything carried what one contender left (the allocator's heap, the threads) into the
-next, and the TAR ratio swung between 0.86 and 1.04 with the order alone. The ratios are
-the medians of the per-round ratios, with their min-max (issue 33, line 2).
+Parquet is read as Arrow batches (``output="arrow"``), TAR as samples, LeRobot as
+items with their frames (``lerobot.stream``, in order). Each contender runs in a fresh
+process (this script with ``--worker``) that reads one epoch unmeasured and then the
+measured one (a training process's second epoch), in an order that changes with the
+round (``_harness.rotations``): one process reading everything carried what one
+contender left (the allocator's heap, the threads) into the next, and the TAR ratio
+swung between 0.86 and 1.04 with the order alone. The ratios are the medians of the
+per-round ratios, with their min-max (issue 33, line 2).
 """
 
 from __future__ import annotations
@@ -44,17 +46,20 @@ import pyarrow.parquet as pq  # noqa: E402
 import aiostream_hf as ash  # noqa: E402
 from aiostream_hf.testing import (  # noqa: E402
     HubServer,
+    make_lerobot_dataset,
     make_repo,
     make_text_parquet,
     make_webdataset_shards,
 )
 
-#: Parquet files, rows per file (row groups of 1,000), TAR shards, samples per shard
-SIZES = {"full": (8, 20_000, 16, 1_000), "quick": (2, 4_000, 4, 200)}
+#: Parquet files, rows per file (row groups of 1,000), TAR shards, samples per shard,
+#: LeRobot episodes (of 60 frames)
+SIZES = {"full": (8, 20_000, 16, 1_000, 8), "quick": (2, 4_000, 4, 200, 2)}
+ROBOT = "bench/robot"
 TARGET = 0.9  # issue 33, line 2: epoch 2 through the cache >= 0.9x local disk
 
 
-def _data(root: Path, files: int, rows: int, shards: int, samples: int) -> None:
+def _data(root: Path, files: int, rows: int, shards: int, samples: int, episodes: int) -> None:
     text = make_repo(root, "bench/text", {})
     for i in range(files):
         make_text_parquet(
@@ -66,10 +71,13 @@ def _data(root: Path, files: int, rows: int, shards: int, samples: int) -> None:
         )
     folder = make_repo(root, "bench/shards", {})
     make_webdataset_shards(folder, shards=shards, samples_per_shard=samples, width=256, height=192)
+    make_lerobot_dataset(
+        root, ROBOT, episodes=[60] * episodes, width=320, height=240, codec="h264", gop=10
+    )
 
 
-def _stream(source: Any, **kw: Any) -> tuple[int, float, dict[str, Any]]:
-    s = ash.stream(source, **kw)
+def _stream(source: Any, robot: bool = False, **kw: Any) -> tuple[int, float, dict[str, Any]]:
+    s = ash.lerobot.stream(source, **kw) if robot else ash.stream(source, **kw)
     t = time.perf_counter()
     n = 0
     with s:
@@ -84,10 +92,18 @@ def _read_table(paths: list[str]) -> tuple[int, float]:
     return n, time.perf_counter() - t
 
 
+#: How each dataset is read (``robot``: through ``lerobot.stream``)
+KW: dict[str, dict[str, Any]] = {
+    "parquet": {"output": "arrow"},
+    "webdataset": {"split": "train"},
+    "lerobot": {"robot": True},
+}
+
+
 def _worker(spec: dict[str, Any]) -> dict[str, Any]:
     """Epochs of one contender in this fresh process: ``warmup`` unmeasured ones, then the
     one measured, as a training process reads its second epoch after its first."""
-    kw = {"parquet": {"output": "arrow"}, "webdataset": {"split": "train"}}[spec["name"]]
+    kw = KW[spec["name"]]
     for _ in range(spec.get("warmup", 0) + 1):
         cache: dict[str, Any] = {}
         if spec["contender"] == "cache":
@@ -98,7 +114,8 @@ def _worker(spec: dict[str, Any]) -> dict[str, Any]:
             n, sec, cache = _stream(src, endpoint=endpoint, options=options, **kw)
         elif spec["contender"] == "local":
             options = ash.StreamOptions(cache_dir=Path(spec["plain_dir"]))
-            n, sec, _ = _stream(spec["paths"], options=options, **kw)
+            local = Path(spec["folder"]) if spec["name"] == "lerobot" else spec["paths"]
+            n, sec, _ = _stream(local, options=options, **kw)
         else:
             n, sec = _read_table(spec["paths"])
     return {"samples": n, "seconds": sec, "byte_cache": cache}
@@ -131,27 +148,34 @@ def main(argv: list[str] | None = None) -> int:
         Path(spec["result_path"]).write_text(json.dumps(_worker(spec)))
         return 0
     profile = "quick" if args.quick else "full"
-    files, rows, shards, samples = SIZES[profile]
+    files, rows, shards, samples, episodes = SIZES[profile]
     rounds_wanted = args.rounds or (1 if args.quick else 5)
     out = args.out or HERE / "results" / f"byte-cache{'-quick' if args.quick else ''}.json"
     rounds: list[dict[str, Any]] = [{"round": r} for r in range(rounds_wanted)]
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
         root = tmp / "hub"
-        _data(root, files, rows, shards, samples)
+        _data(root, files, rows, shards, samples, episodes)
         parquet = sorted((root / "datasets/bench/text/data").glob("*.parquet"))
         tars = sorted((root / "datasets/bench/shards").glob("*.tar"))
-        local = {"parquet": parquet, "webdataset": tars}
+        robot = root / "datasets" / ROBOT
+        local = {
+            "parquet": parquet,
+            "webdataset": tars,
+            "lerobot": sorted(f for f in robot.rglob("*") if f.is_file()),
+        }
         sizes = {name: sum(f.stat().st_size for f in files) for name, files in local.items()}
         with HubServer(root, subprocess=True, lfs_threshold=0) as hub:
             sources = {
                 "parquet": "hf://datasets/bench/text",
                 "webdataset": "hf://datasets/bench/shards",
+                "lerobot": f"hf://datasets/{ROBOT}",
             }
             base = {
                 "cache_dir": str(tmp / "cache"),
                 "plain_dir": str(tmp / "plain"),
                 "byte_cache_bytes": 8 << 30,
+                "folder": str(robot),
             }
             cold: dict[str, Any] = {}
             for name, src in sources.items():
@@ -209,10 +233,9 @@ def main(argv: list[str] | None = None) -> int:
         "parquet cache/local": ratio("parquet", "cache", "local"),
         "parquet cache/read_table": ratio("parquet", "cache", "read_table"),
         "webdataset cache/local": ratio("webdataset", "cache", "local"),
-        "epoch 2 cdn requests": sum(
-            x["parquet-cdn-requests"] + x["webdataset-cdn-requests"] for x in rounds
-        ),
-        "epoch 2 misses": sum(x["parquet-misses"] + x["webdataset-misses"] for x in rounds),
+        "lerobot cache/local": ratio("lerobot", "cache", "local"),
+        "epoch 2 cdn requests": sum(x[f"{n}-cdn-requests"] for x in rounds for n in sources),
+        "epoch 2 misses": sum(x[f"{n}-misses"] for x in rounds for n in sources),
     }
 
     def entry(name: str, a: str, b: str) -> dict[str, Any]:
@@ -221,10 +244,8 @@ def main(argv: list[str] | None = None) -> int:
 
     def served_entry() -> dict[str, Any]:
         """Bytes the server served in the cached epochs 2, over the files' bytes: 0."""
-        total = sizes["parquet"] + sizes["webdataset"]
-        per_round = [
-            (x["parquet-bytes-served"] + x["webdataset-bytes-served"]) / total for x in rounds
-        ]
+        total = sum(sizes.values())
+        per_round = [sum(x[f"{n}-bytes-served"] for n in sources) / total for x in rounds]
         med = statistics.median(per_round)
         return {
             "workload": "epoch 2",
@@ -246,6 +267,9 @@ def main(argv: list[str] | None = None) -> int:
             "rows_per_file": rows,
             "shards": shards,
             "samples_per_shard": samples,
+            "lerobot_episodes": episodes,
+            "lerobot": "60 frames each, 320x240, two cameras, h264 (GOP 10), items in order "
+            "with their frames",
             "rounds": rounds_wanted,
             "contenders": "cache: stream('hf://...') with the warm byte cache (server in its own "
             "process, 0 latency: nothing is fetched); local: stream(paths) of the same files; "
@@ -258,6 +282,7 @@ def main(argv: list[str] | None = None) -> int:
             entry("parquet", "cache", "local"),
             entry("parquet", "cache", "read_table"),
             entry("webdataset", "cache", "local"),
+            entry("lerobot", "cache", "local"),
         ],
         "epoch_1": cold,
         "summary": summary,

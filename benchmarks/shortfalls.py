@@ -257,14 +257,14 @@ def _byte_cache(data: Results, r: Ratio) -> str:
     rounds = data["rounds"]
     a = _median([float(x[f"{name}-{ours}"]) for x in rounds])
     b = _median([float(x[f"{name}-{theirs}"]) for x in rounds])
-    unit = "rows" if name == "parquet" else "samples"
+    unit = {"parquet": "rows", "lerobot": "items"}.get(name, "samples")
     per_round = ", ".join(f"{v:.2f}" for v in r["per_round"])
     served = sum(int(x[f"{name}-bytes-served"]) for x in rounds)
     return (
         f"through the cache {a:,.0f} {unit}/s, {theirs} {b:,.0f} (medians of {len(rounds)} "
-        f"rounds); the ratio per round: {per_round}. Every contender ran in this one "
-        f"process, one after the other, the order reversed every other round, and the "
-        f"ratio moved with it. The cached epochs made "
+        f"rounds); the ratio per round: {per_round}. Each contender read its epochs in a "
+        f"fresh process (one unmeasured, then the measured one), in orders rotated by "
+        f"round. The cached epochs made "
         f"{sum(int(x[f'{name}-cdn-requests']) for x in rounds)} CDN requests and "
         f"{sum(int(x[f'{name}-misses']) for x in rounds)} misses; the server served "
         f"{served:,} bytes, its API answers."
@@ -339,6 +339,7 @@ _EXPLAINERS: list[tuple[str, str, str, Explainer]] = [
     ("parquet-pinned", "text:", "/ fastest-local", _parquet_arrow_vs_local),
     ("byte-cache", "parquet epoch 2", "", _byte_cache),
     ("byte-cache", "webdataset epoch 2", "", _byte_cache),
+    ("byte-cache", "lerobot epoch 2", "", _byte_cache),
     ("video", "frames", "time aiostream / pyav-local", _frames_vs_local),
     ("video", "frames", "time download-decode / aiostream", _download_vs_frames),
     ("quota", "epoch:", "datasets / aiostream", _quota_epoch),
