@@ -30,6 +30,9 @@ every consumer has row groups to read):
 
 - ``row-groups``: the default plan: every consumer plans every file and reads every
   n-th row group of the job;
+- ``row-groups-cached``: the same with ``StreamOptions(byte_cache_bytes=2 GiB)``: the
+  bytes read are kept on disk in the node's cache folder for every process of the node,
+  so that a footer every consumer plans is fetched once per node, not once per consumer;
 - ``elastic``: ``StreamOptions(elastic=True, slice_bytes=...)``: the epoch's units are
   slices of each file, consumer j of n takes every n-th unit. A slice holds the row
   groups that START in it, so a slice of footer bytes only is an empty unit (units are
@@ -73,7 +76,8 @@ REPO = "bench/scale"
 SOURCE = f"hf://datasets/{REPO}"
 BUCKETS = ("api", "resolvers", "pages", "cdn")
 TAR_REPO = "bench/scale-tar"
-MODES = ("row-groups", "elastic", "tar")
+MODES = ("row-groups", "row-groups-cached", "elastic", "tar")
+BYTE_CACHE_BYTES = 2 * 2**30  # per node, row-groups-cached: more than the dataset
 PROFILES: dict[str, dict[str, Any]] = {
     "full": {
         "processes": 16,
@@ -134,6 +138,7 @@ def _process(spec: dict[str, Any]) -> dict[str, Any]:
         prefetch_bytes=PREFETCH_BYTES,
         prefetch_count=PREFETCH_COUNT,
         elastic=spec["mode"] == "elastic",  # TAR: shards are the units either way
+        byte_cache_bytes=BYTE_CACHE_BYTES if spec["mode"] == "row-groups-cached" else 0,
         slice_bytes=spec["slice_bytes"],
     )
     consumers: list[dict[str, Any]] = [{} for _ in range(w)]
@@ -395,14 +400,14 @@ def _ratios(modes: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
 
 def _print(modes: dict[str, dict[str, Any]]) -> None:
     print(
-        f"\n{'mode':<11} {'cons':>5} {'429s':>5} {'rows once':>9} {'dup':>4} {'miss':>5} "
+        f"\n{'mode':<18} {'cons':>5} {'429s':>5} {'rows once':>9} {'dup':>4} {'miss':>5} "
         f"{'idle':>4} {'api':>4} {'resolv':>6} {'cdn':>6} {'MiB/proc':>8} {'MiB/cons':>8} "
         f"{'+MiB/cons':>9} {'job GiB':>7} {'wall s':>6}"
     )
     for mode, r in modes.items():
         m, b = r["memory"], r["requests_by_bucket"]
         print(
-            f"{mode:<11} {r['consumers']:>5} {r['http_429']:>5} "
+            f"{mode:<18} {r['consumers']:>5} {r['http_429']:>5} "
             f"{'yes' if r['every_row_once'] else 'NO':>9} {r['duplicate_rows']:>4} "
             f"{r['missing_rows']:>5} {r['idle_consumers']:>4} {b['api']:>4} "
             f"{b['resolvers']:>6} {b['cdn']:>6} "
@@ -467,7 +472,8 @@ def main(argv: list[str] | None = None) -> int:
             "(a subprocess importing aiostream_hf, not torch)",
             "options": f"StreamOptions(cache_dir=<one per node>, manifest_dir=<one per job>, "
             f"pin_ttl=600, prefetch_bytes={PREFETCH_BYTES}, prefetch_count={PREFETCH_COUNT}"
-            f", elastic=<mode>, slice_bytes={params['slice_bytes']})",
+            f", elastic=<mode>, slice_bytes={params['slice_bytes']}, byte_cache_bytes="
+            f"<{BYTE_CACHE_BYTES} in row-groups-cached, else 0>)",
             "rate_limits": {
                 "api": limits.api,
                 "resolvers": limits.resolvers,
