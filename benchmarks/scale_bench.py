@@ -240,7 +240,9 @@ def _dataset_bytes(hub_root: Path, mode: str) -> int:
     return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
 
 
-def _run_mode(hub: Any, mode: str, params: dict[str, Any], limits: Any) -> dict[str, Any]:
+def _run_mode(
+    hub: Any, mode: str, params: dict[str, Any], limits: Any, min_available: float
+) -> dict[str, Any]:
     import psutil
 
     tmp = Path(tempfile.mkdtemp(prefix="aiostream-scale-bench-"))
@@ -290,6 +292,12 @@ def _run_mode(hub: Any, mode: str, params: dict[str, Any], limits: Any) -> dict[
                     total += h.memory_info().rss
             peak_sum = max(peak_sum, total)
             least_available = min(least_available, psutil.virtual_memory().available)
+            if least_available < min_available:
+                raise RuntimeError(
+                    f"{mode}: the machine has {least_available / 2**30:.1f} GiB of memory "
+                    f"left (--min-available-gb): stopped, with {len(procs)} processes of "
+                    f"{params['consumers']} consumers; use fewer (--processes, --consumers)"
+                )
             time.sleep(0.5)
         wall = time.perf_counter() - started
         stats = hub.wait_idle(timeout=60)
@@ -426,6 +434,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--consumers", type=int, default=None, help="consumers per process")
     parser.add_argument("--modes", default=",".join(MODES), help="comma-separated subset")
     parser.add_argument("--latency-ms", type=float, default=20.0)
+    parser.add_argument(
+        "--min-available-gb",
+        type=float,
+        default=2.0,
+        help="stop the job when the machine's available memory falls below this",
+    )
     parser.add_argument("--data-dir", type=Path, default=HERE / ".data")
     parser.add_argument("--output", type=Path, default=None)
     args = parser.parse_args(argv)
@@ -513,7 +527,7 @@ def main(argv: list[str] | None = None) -> int:
                 timeout=600,
             ).raise_for_status()
         for mode in modes:
-            r = _run_mode(hub, mode, params, limits)
+            r = _run_mode(hub, mode, params, limits, args.min_available_gb * 2**30)
             results["jobs"][mode] = r
             print(
                 f"  {mode}: 429s {r['http_429']}  rows {r['rows']}/{r['expected_rows']} "
