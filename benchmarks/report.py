@@ -311,7 +311,18 @@ def _jobs_table(data: Mapping[str, Any]) -> list[str]:
             f"{_mib(m['per_consumer_growth']['median'])} | "
             f"{m['job_peak_rss_sum'] / 2**30:.2f} GiB | {r['wall_seconds']:.0f} |"
         )
-    return [*lines, ""]
+    lines.append("")
+    probe = data.get("dataloader_probe")
+    if isinstance(probe, Mapping):
+        peak = probe["tree_peak"]
+        lines += [
+            f"Beside it, a real DataLoader: {probe['what']}. {probe['workers']} workers: "
+            f"{_mib(probe['per_worker_pss'])} PSS per worker (the tree's PSS peaked at "
+            f"{_mib(peak['pss'])}, its summed RSS at {_mib(peak['rss'])}); rows each once: "
+            f"{'yes' if probe['every_row_once'] else 'NO'}, 429s: {probe['http_429']}.",
+            "",
+        ]
+    return lines
 
 
 def render_markdown(

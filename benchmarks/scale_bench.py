@@ -53,6 +53,13 @@ baseline over W (what one more consumer costs); and the peak of the sum of the R
 all consumer processes at once, sampled by the driver every 0.5 s with psutil (shared
 library pages counted in each process). Wall time is informational only.
 
+Then, beside the jobs, what a real DataLoader worker costs (``--probe-workers``, 16;
+4 with --quick; 0 skips it): one process importing torch reads the Parquet repo through
+``DataLoader(StreamDataset(...), num_workers=16, multiprocessing_context="fork")``
+while a thread samples the PSS of it and its workers; per worker: the growth of the
+tree's PSS over the process's own before the loader, over the workers. It says why the
+jobs above run streams in processes rather than 256 DataLoader workers on this machine.
+
 Writes ``benchmarks/results/scale.json`` (``scale-quick.json`` with --quick).
 """
 
@@ -105,6 +112,8 @@ PROFILES: dict[str, dict[str, Any]] = {
 PREFETCH_BYTES = 16 * 2**20  # per consumer: 256 x 16 MiB = 4 GiB at most
 PREFETCH_COUNT = 2
 PROCESS_TIMEOUT_S = 1800
+
+
 # of the process's client (one per event loop, shared by its consumers)
 CLIENT_KEYS = ("requests", "throttled", "pauses", "paced", "paced_seconds", "max_in_flight")
 PACKAGES = ("aiostream-hf", "pyarrow", "httpx2", "anyio", "psutil")
@@ -185,6 +194,67 @@ def _process(spec: dict[str, Any]) -> dict[str, Any]:
         "peak_rss": _vm("VmHWM"),
         "consumers": consumers,
         **{k: v for k, v in _harness.process_usage().items() if k.startswith("cpu")},
+    }
+
+
+def _dataloader_probe(spec: dict[str, Any]) -> dict[str, Any]:
+    """What one real DataLoader worker costs: a process importing torch reads the Parquet
+    repo through ``DataLoader(StreamDataset(...), num_workers=W, fork)`` (world size 1:
+    the W workers are the consumers), while a thread samples the RSS, PSS and USS
+    (psutil ``memory_full_info``, /proc/PID/smaps_rollup) of it and its workers."""
+    import threading
+
+    import psutil
+    import torch.utils.data
+
+    import aiostream_hf as ash
+    from aiostream_hf.torch import StreamDataset
+
+    me = psutil.Process()
+    before = me.memory_full_info()  # torch and aiostream_hf imported, no stream yet
+    peak = {"rss": 0, "pss": 0, "uss": 0}
+    stop = threading.Event()
+
+    def sample() -> None:
+        while not stop.is_set():
+            total = dict.fromkeys(peak, 0)
+            for p in [me, *me.children(recursive=True)]:
+                with contextlib.suppress(psutil.Error):
+                    m = p.memory_full_info()
+                    for k in total:
+                        total[k] += getattr(m, k)
+            for k in peak:
+                peak[k] = max(peak[k], total[k])
+            stop.wait(0.5)
+
+    ds = StreamDataset(
+        spec["source"],
+        split="train",
+        endpoint=spec["endpoint"],  # no RANK/WORLD_SIZE: world size 1
+        options=ash.StreamOptions(
+            cache_dir=Path(spec["cache_dir"]),
+            prefetch_bytes=PREFETCH_BYTES,
+            prefetch_count=PREFETCH_COUNT,
+        ),
+    )
+    loader = torch.utils.data.DataLoader(
+        ds, batch_size=64, num_workers=spec["workers"], multiprocessing_context="fork"
+    )
+    thread = threading.Thread(target=sample)
+    thread.start()
+    ids: list[int] = []
+    try:
+        for batch in loader:
+            ids.extend(int(i) for i in batch["id"])
+    finally:
+        stop.set()
+        thread.join()
+    return {
+        "workers": spec["workers"],
+        "rows": len(ids),
+        "distinct_rows": len(set(ids)),
+        "parent_before": {"rss": before.rss, "pss": before.pss, "uss": before.uss},
+        "tree_peak": peak,
     }
 
 
@@ -386,6 +456,49 @@ def _run_mode(
     return result
 
 
+def _run_probe(hub: Any, workers: int, params: dict[str, Any], limits: Any) -> dict[str, Any]:
+    tmp = Path(tempfile.mkdtemp(prefix="aiostream-scale-probe-"))
+    try:
+        hub.set_rate_limits(limits)  # a fresh window
+        hub.reset_stats()
+        spec = {
+            "source": SOURCE,
+            "endpoint": hub.endpoint,
+            "workers": workers,
+            "cache_dir": str(tmp / "cache"),
+            "result_path": str(tmp / "probe.json"),
+        }
+        env = _harness.worker_env(hub.endpoint, tmp, OMP_NUM_THREADS="1")
+        done = subprocess.run(
+            [sys.executable, __file__, "--probe", json.dumps(spec)],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=PROCESS_TIMEOUT_S,
+        )
+        if done.returncode:
+            raise RuntimeError(f"dataloader probe exited with {done.returncode}:\n"
+                               + done.stdout[-2000:] + done.stderr[-2000:])  # fmt: skip
+        r: dict[str, Any] = json.loads((tmp / "probe.json").read_text())
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    stats = hub.wait_idle(timeout=60)
+    expected = params["files"] * params["rows"]
+    peak = r["tree_peak"]
+    r.update(
+        expected_rows=expected,
+        every_row_once=r["rows"] == expected == r["distinct_rows"],
+        http_429=int(stats.throttled),
+        per_worker_pss=(peak["pss"] - r["parent_before"]["pss"]) / workers,
+        what="one rank (a process importing torch) with DataLoader(StreamDataset(Parquet "
+        f"repo, world_size=1), num_workers={workers}, multiprocessing_context='fork'); "
+        "per worker: (peak of the tree's summed PSS, sampled every 0.5 s, - the rank's "
+        "own PSS before the loader) / workers (USS is no measure here: after the fork "
+        "the rank's pages are shared, and its own USS falls)",
+    )
+    return r
+
+
 def _ratios(modes: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
     ratios = []
 
@@ -429,6 +542,13 @@ def _print(modes: dict[str, dict[str, Any]]) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--process", help=argparse.SUPPRESS)
+    parser.add_argument("--probe", help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--probe-workers",
+        type=int,
+        default=None,
+        help="real DataLoader workers of the memory probe (0: none); default 16, quick 4",
+    )
     parser.add_argument("--quick", action="store_true", help="4 processes x 8 consumers")
     parser.add_argument("--processes", type=int, default=None, help="processes (ranks)")
     parser.add_argument("--consumers", type=int, default=None, help="consumers per process")
@@ -444,6 +564,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output", type=Path, default=None)
     args = parser.parse_args(argv)
 
+    if args.probe:
+        spec = json.loads(args.probe)
+        Path(spec["result_path"]).write_text(json.dumps(_dataloader_probe(spec)))
+        return 0
     if args.process:
         spec = json.loads(args.process)
         Path(spec["result_path"]).write_text(json.dumps(_process(spec)))
@@ -535,6 +659,12 @@ def main(argv: list[str] | None = None) -> int:
                 f"requests {r['requests_by_bucket']}  wall {r['wall_seconds']:.1f} s",
                 flush=True,
             )
+        workers = (
+            args.probe_workers if args.probe_workers is not None else (4 if args.quick else 16)
+        )
+        if workers:
+            results["dataloader_probe"] = _run_probe(hub, workers, params, limits)
+            print(f"  dataloader probe: {results['dataloader_probe']}", flush=True)
     _print(results["jobs"])
     results["ratios"] = _ratios(results["jobs"])
     results["duration_seconds"] = time.perf_counter() - started
