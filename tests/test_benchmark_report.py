@@ -553,3 +553,7 @@ def test_the_scale_section_has_a_row_per_job_with_the_figures_of_its_json(tmp_pa
         assert cells[3].startswith("yes" if r["every_row_once"] else "NO")
         assert cells[5:8] == [str(b["api"]), str(b["resolvers"]), str(b["cdn"])]
         assert cells[11] == f"{r['memory']['job_peak_rss_sum'] / 2**30:.2f} GiB"
+    probe = data["dataloader_probe"]
+    assert f"{probe['workers']} workers: {report._mib(probe['per_worker_pss'])} PSS per worker" in (
+        section
+    )
