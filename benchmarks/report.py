@@ -42,6 +42,7 @@ SCRIPTS = {
     "quota": "benchmarks/quota_bench.py",
     "byte-cache": "benchmarks/byte_cache_check.py",
     "lerobot-bytes": "benchmarks/lerobot_shuffled_bytes.py",
+    "scale": "benchmarks/scale_bench.py",
 }
 DEFAULT_DOCS = ROOT / "docs" / "benchmarks.md"
 DEFAULT_IMG_DIR = ROOT / "docs" / "img"
@@ -276,6 +277,54 @@ def _target_cell(r: Mapping[str, Any]) -> str:
     return f"{direction} {value:g}" if direction else f"{value:g}"
 
 
+def _mib(value: float) -> str:
+    return f"{value / 2**20:.0f} MiB" if value >= 10 * 2**20 else f"{value / 2**20:.1f} MiB"
+
+
+def _jobs_table(data: Mapping[str, Any]) -> list[str]:
+    """scale: one row per job run (its layout above the table): consumers, 429s, rows,
+    requests by bucket from the server, memory per process and per consumer."""
+    jobs = data.get("jobs")
+    if not isinstance(jobs, Mapping) or not jobs:
+        return []
+    p = data.get("parameters", {})
+    lines = [
+        f"Layout: {p.get('layout', '?')}. A consumer: {p.get('consumer', '?')}. "
+        f"Quotas: {p.get('rate_limits', {}).get('per', '?')}. Memory: {p.get('memory', '?')}. "
+        f"Wall time: {p.get('wall_seconds', '?')}.",
+        "",
+        "| job | consumers | 429s | rows once (dup, missing) | idle consumers | api | "
+        "resolvers | cdn | served / dataset bytes | peak RSS per process (min-max) | "
+        "per consumer: peak / W, growth / W | job's RSS sum at peak | wall s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for mode, r in jobs.items():
+        m, b = r["memory"], r["requests_by_bucket"]
+        rss = m["process_peak_rss"]
+        lines.append(
+            f"| {mode} | {r['consumers']} | {r['http_429']} | "
+            f"{'yes' if r['every_row_once'] else 'NO'} ({r['duplicate_rows']}, "
+            f"{r['missing_rows']}) | {r['idle_consumers']} | {b['api']} | {b['resolvers']} | "
+            f"{b['cdn']} | {r['bytes_served_over_dataset']:.1f}x | "
+            f"{_mib(rss['median'])} ({_mib(rss['min'])}-{_mib(rss['max'])}) | "
+            f"{_mib(m['per_consumer_peak_rss_share'])}, "
+            f"{_mib(m['per_consumer_growth']['median'])} | "
+            f"{m['job_peak_rss_sum'] / 2**30:.2f} GiB | {r['wall_seconds']:.0f} |"
+        )
+    lines.append("")
+    probe = data.get("dataloader_probe")
+    if isinstance(probe, Mapping):
+        peak = probe["tree_peak"]
+        lines += [
+            f"Beside it, a real DataLoader: {probe['what']}. {probe['workers']} workers: "
+            f"{_mib(probe['per_worker_pss'])} PSS per worker (the tree's PSS peaked at "
+            f"{_mib(peak['pss'])}, its summed RSS at {_mib(peak['rss'])}); rows each once: "
+            f"{'yes' if probe['every_row_once'] else 'NO'}, 429s: {probe['http_429']}.",
+            "",
+        ]
+    return lines
+
+
 def render_markdown(
     results: Mapping[str, Mapping[str, Any]],
     charts: Mapping[str, Sequence[str]] | None = None,
@@ -327,6 +376,7 @@ def render_markdown(
                 f"{'yes' if r['met'] else 'NO'} |"
             )
         lines.append("")
+        lines += _jobs_table(data)
         missed = shortfalls.explain(name, data)
         if missed:
             lines += ["Missed, and why (every figure from the same run):", "", *missed, ""]

@@ -13,10 +13,13 @@ FileStore or the job folder, one result file per rank).
   rank 0 broadcast in the node's cache (seeded when the dataset was built).
 - lerobot: torch.distributed; a LeRobotStreamDataset of SOURCE, whose metadata rank 0
   reads and broadcasts; each rank reads its share itself (no workers).
-- shared: no torch: StreamOptions(manifest_dir=TMP/job); 4 streams side by side in one
-  event loop, each resolving SOURCE by name.
+- shared: no torch: StreamOptions(manifest_dir=TMP/job); "workers" streams (default 4)
+  side by side in one event loop (on "backend": asyncio, the default, or trio), each
+  resolving SOURCE by name; with "slice_bytes", elastic (StreamOptions(elastic=True)).
 
-Each rank writes TMP/rank-N.json: {"ids": [...]} or {"error": "Type: message"}.
+Each rank writes TMP/rank-N.json: {"ids": [...]} (and, shared, "per_consumer": the rows
+each of its streams delivered) or {"error": "Type: message"}; in shared mode a rank
+whose client received an answer 429 fails with it.
 """
 
 from __future__ import annotations
@@ -106,39 +109,51 @@ def lerobot(config: dict[str, Any], rank: int) -> list[int]:
         dist.destroy_process_group()
 
 
-async def shared(config: dict[str, Any], rank: int) -> list[int]:
+async def shared(config: dict[str, Any], rank: int) -> dict[str, list[int]]:
     tmp, world = Path(config["tmp"]), config["ranks"]
     cache = tmp / f"node-{rank // config['per_node']}"
+    workers = config.get("workers", WORKERS)
+    sliced: dict[str, Any] = {}
+    if "slice_bytes" in config:
+        sliced = {"elastic": True, "slice_bytes": config["slice_bytes"]}
     ids: list[int] = []
+    per_consumer = [0] * workers
+    throttled = 0
 
     async def consumer(k: int) -> None:
+        nonlocal throttled
         s = ash.stream(
             config["source"],
             split=config["splits"][rank],
             endpoint=config["endpoint"],
             columns=["id"],
-            options=_options(cache, manifest_dir=tmp / "job"),
-            rank=rank * WORKERS + k,
-            world_size=world * WORKERS,
+            options=_options(cache, manifest_dir=tmp / "job", **sliced),
+            rank=rank * workers + k,
+            world_size=world * workers,
         )
         async with s:
-            ids.extend([int(row["id"]) async for row in s])
+            got = [int(row["id"]) async for row in s]
+            throttled = max(throttled, int(s.statistics().client.get("throttled", 0)))
+        ids.extend(got)
+        per_consumer[k] = len(got)
 
     async with anyio.create_task_group() as tg:
-        for k in range(WORKERS):
+        for k in range(workers):
             tg.start_soon(consumer, k)
-    return ids
+    if throttled:  # the client of this process saw 429s: say so in the result
+        raise RuntimeError(f"rank {rank}: {throttled} answers 429 (Too Many Requests)")
+    return {"ids": ids, "per_consumer": per_consumer}
 
 
 def run_rank(config: dict[str, Any], rank: int) -> None:
+    result: dict[str, Any]
     try:
         if config["mode"] == "distributed":
-            ids = distributed(config, rank)
+            result = {"ids": distributed(config, rank)}
         elif config["mode"] == "lerobot":
-            ids = lerobot(config, rank)
+            result = {"ids": lerobot(config, rank)}
         else:
-            ids = anyio.run(shared, config, rank)
-        result: dict[str, Any] = {"ids": ids}
+            result = anyio.run(shared, config, rank, backend=config.get("backend", "asyncio"))
     except Exception as exc:
         result = {"error": f"{type(exc).__name__}: {exc}"}
     (Path(config["tmp"]) / f"rank-{rank}.json").write_text(json.dumps(result))

@@ -36,6 +36,7 @@ NAMES = [
     "quota",
     "byte-cache",
     "lerobot-bytes",
+    "scale",
 ]
 # Benchmarks wired into run_all and report.py whose results are not committed yet.
 PENDING: set[str] = set()
@@ -66,13 +67,15 @@ def _results(suffix: str = "") -> dict[str, dict[str, Any]]:
 
 
 def _table_rows(markdown: str, section: str) -> list[list[str]]:
-    """The cells of the table rows under ``## section``."""
+    """The cells of the rows of the first table (the ratios) under ``## section``."""
     rows, inside = [], False
     for line in markdown.splitlines():
         if line.startswith("## "):
             inside = line == f"## {section}"
         elif inside and line.startswith("| ") and not line.startswith(("| ratio ", "|---")):
             rows.append([cell.strip() for cell in line.strip("|").split("|")])
+        elif inside and rows and not line.startswith("|"):
+            inside = False  # the ratios' table ended (scale has its jobs' table below)
     return rows
 
 
@@ -295,6 +298,7 @@ def test_run_all_dry_run_lists_every_benchmark_then_the_report() -> None:
         "quota: PY benchmarks/quota_bench.py",
         "byte-cache: PY benchmarks/byte_cache_check.py",
         "lerobot-bytes: PY benchmarks/lerobot_shuffled_bytes.py",
+        "scale: PY benchmarks/scale_bench.py",
         "report: PY benchmarks/report.py",
     ]
 
@@ -317,7 +321,7 @@ def test_run_all_rejects_an_unknown_name() -> None:
     assert "unknown benchmark 'parqet'" in proc.stderr
     assert (
         "parquet,parquet-pinned,webdataset,video,lerobot,startup,ray,s3,quota,byte-cache,"
-        "lerobot-bytes" in proc.stderr
+        "lerobot-bytes,scale" in proc.stderr
     )
     assert proc.stdout == ""
 
@@ -534,3 +538,26 @@ def test_a_missed_cached_frames_ratio_is_explained_from_its_run() -> None:
     assert "12.5 MB" in line
     assert "the branch's pin, then the listing" in line
     assert "2 round trips the target does not count" in line
+
+
+def test_the_scale_section_has_a_row_per_job_with_the_figures_of_its_json(tmp_path: Path) -> None:
+    data = json.loads((RESULTS / "scale.json").read_text())
+    docs = tmp_path / "benchmarks.md"
+    argv = ["--results-dir", str(RESULTS), "--docs", str(docs), "--no-charts"]
+    assert report.main(argv) == 0
+    section = docs.read_text().split("## scale\n", 1)[1].split("\n## ", 1)[0]
+    assert f"Layout: {data['parameters']['layout']}." in section
+    rows = [line for line in section.splitlines() if line.startswith("| ") and " | " in line]
+    jobs = {row.split(" | ")[0][2:]: row for row in rows}
+    assert set(data["jobs"]) <= set(jobs)
+    for mode, r in data["jobs"].items():
+        cells = [c.strip() for c in jobs[mode].strip("|").split("|")]
+        b = r["requests_by_bucket"]
+        assert cells[1:3] == [str(r["consumers"]), str(r["http_429"])]
+        assert cells[3].startswith("yes" if r["every_row_once"] else "NO")
+        assert cells[5:8] == [str(b["api"]), str(b["resolvers"]), str(b["cdn"])]
+        assert cells[11] == f"{r['memory']['job_peak_rss_sum'] / 2**30:.2f} GiB"
+    probe = data["dataloader_probe"]
+    assert f"{probe['workers']} workers: {report._mib(probe['per_worker_pss'])} PSS per worker" in (
+        section
+    )
