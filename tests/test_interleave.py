@@ -100,15 +100,18 @@ def _roundtrip(state: dict[str, Any]) -> dict[str, Any]:
 
 
 async def test_the_buffer_draws_from_several_units_not_one_after_another(
-    parquet_root: Path,
+    parquet_root: Path, tmp_path: Path
 ) -> None:
     """With a buffer of 8 rows and units of 30, one unit at a time gives mostly neighbours
     of one row group; four units side by side, mostly of different ones."""
     with HubServer(parquet_root) as hub:
-        shares = {}
+        shares, api = {}, {}
         for units in (1, 4):
-            async with _parquet(hub, shuffle_units=units)(shuffle=8, seed=5) as s:
+            hub.reset_stats()
+            make = _parquet(hub, shuffle_units=units, cache_dir=tmp_path / str(units))
+            async with make(shuffle=8, seed=5) as s:
                 ids = await _take(s, None)
+            api[units] = hub.wait_idle().by_bucket.get("api", 0)
             assert sorted(ids) == list(range(FILES * ROWS))  # each row once
             shares[units] = _same_unit_share(ids)
             if units > 1:
@@ -117,6 +120,7 @@ async def test_the_buffer_draws_from_several_units_not_one_after_another(
                 assert all(m.samples > 0 for m in stats.members)  # each lane read units
     assert shares[1] > 0.7, shares
     assert shares[4] < 0.45, shares
+    assert 0 < api[4] <= api[1], api  # the lanes share one resolution
 
 
 async def test_each_consumer_of_a_job_takes_a_disjoint_share_of_units(
@@ -214,3 +218,10 @@ async def test_bad_uses_are_refused_naming_the_way_out(parquet_root: Path) -> No
             make(1, 2, shuffle=8).load_state_dict(state)
     # without shuffle, units are read one after another: a plain stream
     assert isinstance(_parquet(hub, shuffle_units=2)(), ash.Stream)
+
+
+def test_a_lerobot_stream_refuses_shuffle_units_naming_it() -> None:
+    from aiostream_hf import lerobot
+
+    with pytest.raises(ash.SourceError, match=r"shuffle_units=4.*stream\(\)"):
+        lerobot.stream("hf://datasets/org/robot", options=ash.StreamOptions(shuffle_units=4))
