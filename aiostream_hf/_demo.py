@@ -55,7 +55,7 @@ import numpy.typing as npt
 from . import video
 from ._glyphs import GLYPH_HEIGHT, draw_text
 from ._options import StreamOptions
-from ._stream import stream
+from ._stream import Stream, stream
 
 __all__ = [
     "CAPTION_INK",
@@ -336,6 +336,7 @@ async def _measure_stream(
     started = time.perf_counter()
     samples = touched = 0
     s = stream(f"hf://datasets/{repo}", split="train", endpoint=hub.endpoint, options=options)
+    assert isinstance(s, Stream)  # not shuffled: one unit after another
     async with s:
         async for sample in s:
             samples += 1

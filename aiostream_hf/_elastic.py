@@ -49,6 +49,7 @@ from ._exceptions import SourceError
 from ._models import FileRef
 
 __all__ = [
+    "INTERLEAVED",
     "JOB_KIND",
     "Base",
     "Progress",
@@ -67,6 +68,7 @@ __all__ = [
 ]
 
 JOB_KIND = "job"
+INTERLEAVED = "interleaved"  # the kind of a stream with StreamOptions(shuffle_units > 1)
 
 
 @dataclass(frozen=True)
@@ -690,6 +692,8 @@ def merge_states(states: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         )
     if kind == "mix":
         return _merge_mixtures(states)
+    if kind == INTERLEAVED:  # StreamOptions(shuffle_units=K): K lanes per consumer
+        return _merge_interleaved(states)
     if kind == "lerobot":
         return merge_job(states, lerobot_progress, "LeRobot streams")
     if kind is not None:
@@ -734,4 +738,37 @@ def _merge_mixtures(states: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         "streams": first.get("streams"),
         "samples": sum(int(s.get("samples") or 0) for s in states),
         "members": members,
+    }
+
+
+def _merge_interleaved(states: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """The job state of consumers with ``shuffle_units``: their lanes' states merged as
+    the states of one job of ``n * K`` consumers (``aiostream_hf._interleave``)."""
+    first = states[0]
+    units = first.get("shuffle_units")
+    lanes: list[Any] = []
+    for i, s in enumerate(states):
+        for key in ("kind", "version", "epoch", "seed", "shuffle_units", "world_size"):
+            if s.get(key) != first.get(key):
+                raise SourceError(
+                    f"states[{i}][{key!r}] is {s.get(key)!r} but states[0]'s is "
+                    f"{first.get(key)!r}: merge the states of one job's consumers"
+                )
+        members = s.get("lanes", {}).get("members") if isinstance(s.get("lanes"), Mapping) else None
+        if not isinstance(members, list) or len(members) != units:
+            raise SourceError(
+                f"states[{i}]['lanes'] does not hold {units} lanes' states: load the states "
+                "the streams saved, unchanged"
+            )
+        lanes += members
+    job = merge_states(lanes)
+    return {
+        "version": first.get("version"),
+        "kind": JOB_KIND,
+        "of": INTERLEAVED,
+        "epoch": first.get("epoch"),
+        "seed": first.get("seed"),
+        "shuffle_units": units,
+        "samples": job.get("samples", 0),
+        "lanes": job,
     }

@@ -30,6 +30,7 @@ _COUNTS = {
     "rate_limit_reserve": 0,
     "byte_cache_bytes": 0,
     "slice_bytes": 1,
+    "shuffle_units": 1,
 }
 #: The options in seconds (or bytes per second): "> 0" or ">= 0", and finite.
 _SECONDS = {
@@ -110,6 +111,11 @@ class StreamOptions:
     slice_bytes: with ``elastic``, a Parquet file is cut into slices of this many bytes,
         each a unit holding the row groups that start in it, so that one large file is
         shared by row group across consumers.
+    shuffle_units: with ``shuffle`` (rows, no ``batch_size``), the units (row groups or
+        slices, TAR shards) read side by side, each sample drawn from one of them at
+        random, in shuffle buffers of ``shuffle / shuffle_units`` samples and readaheads
+        of ``prefetch_bytes / shuffle_units``; 1 reads one unit after another. See
+        ``aiostream_hf._interleave``.
 
     How ``s3://`` sources are reached (the ``s3`` extra; see docs/object-stores.md). Each
     defaults to the standard AWS variables and config files, as boto3 reads them:
@@ -150,6 +156,7 @@ class StreamOptions:
     kept_video_bytes: int = 64 * _MiB
     elastic: bool = False
     slice_bytes: int = 64 * _MiB
+    shuffle_units: int = 1
     s3_endpoint_url: str | None = None
     s3_region: str | None = None
     s3_anonymous: bool = False

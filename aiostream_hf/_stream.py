@@ -56,6 +56,7 @@ from ._engine import (
 )
 from ._exceptions import DecodeError, SourceError
 from ._fetcher import RangeFetcher
+from ._interleave import Interleaved, interleaved
 from ._models import FileRef, Manifest
 from ._options import StreamOptions
 from ._prefetch import Job, Prefetcher
@@ -121,7 +122,7 @@ def stream(
     token: str | None = None,
     endpoint: str | None = None,
     client: HubClient | None = None,
-) -> Stream:
+) -> Stream | Interleaved:
     """A lazy stream of the samples of ``source``; nothing is read until iteration.
 
     ``source`` is a source string (``hf://datasets/ORG/NAME[@REV][/PATH]``, an
@@ -137,27 +138,18 @@ def stream(
     ``format`` names a registered format, or is a configured decoder (e.g.
     ``aiostream_hf.webdataset.WebDatasetDecoder(decode="rgb8")``).
     ``client``: the ``HubClient`` whose connection pool, host gates and CDN URL
-    cache the stream uses; by default the event loop's shared one.
+    cache the stream uses; by default the event loop's shared one. With
+    ``StreamOptions(shuffle_units=K)`` and ``shuffle``, the rows are drawn from K units
+    read side by side (an ``Interleaved`` stream; see ``_interleave``).
     """
-    return Stream(
-        source,
-        split=split,
-        config=config,
-        data_files=data_files,
-        format=format,
-        columns=columns,
-        filter=filter,
-        batch_size=batch_size,
-        output=output,
-        shuffle=shuffle,
-        seed=seed,
-        rank=rank,
-        world_size=world_size,
-        options=options,
-        token=token,
-        endpoint=endpoint,
-        client=client,
-    )
+    make = partial(
+        Stream, source, split=split, config=config, data_files=data_files, format=format,
+        columns=columns, filter=filter, batch_size=batch_size, output=output, seed=seed,
+        token=token, endpoint=endpoint, client=client,
+    )  # fmt: skip
+    if options is not None and options.shuffle_units > 1 and shuffle_buffer_size(shuffle):
+        return interleaved(make, shuffle_buffer_size(shuffle), rank, world_size, options)
+    return make(shuffle=shuffle, rank=rank, world_size=world_size, options=options)
 
 
 class Stream(Engine["tuple[_Tag, Any]"]):

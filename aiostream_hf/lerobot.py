@@ -346,6 +346,12 @@ class LeRobotStream(Engine["_Batch"]):
                 raise SourceError(f"{name}={value!r}: must be an integer >= 1")
         if split is not None and not isinstance(split, str):
             raise SourceError(f"split={split!r}: give a split name or None")
+        if options is not None and options.shuffle_units > 1:
+            raise SourceError(
+                f"StreamOptions(shuffle_units={options.shuffle_units}) is for stream() "
+                "(Parquet, TAR): a LeRobot stream does not read episodes side by side (it "
+                "permutes episodes and their frames, then buffers items); set shuffle_units=1"
+            )
         self._meta: LeRobotMetadata | None = None
         self._source: HubSource | BucketSource | Path | None = None
         if isinstance(repo, LeRobotMetadata):

@@ -47,6 +47,7 @@ from ._access import find_access
 from ._client import HubClient
 from ._engine import Readers, make_readers, open_readers
 from ._exceptions import SourceError
+from ._interleave import Interleaved
 from ._models import FileRef, Manifest
 from ._options import StreamOptions
 from ._ranks import environment_rank
@@ -97,7 +98,7 @@ def stream(
     options: StreamOptions | None = None,
     token: str | None = None,
     endpoint: str | None = None,
-) -> Stream:
+) -> Stream | Interleaved:
     """A lazy stream of the samples of WebDataset shards (``aiostream_hf.stream`` with a
     configured ``WebDatasetDecoder``).
 

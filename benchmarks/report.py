@@ -43,6 +43,7 @@ SCRIPTS = {
     "byte-cache": "benchmarks/byte_cache_check.py",
     "lerobot-bytes": "benchmarks/lerobot_shuffled_bytes.py",
     "scale": "benchmarks/scale_bench.py",
+    "shuffle-quality": "benchmarks/shuffle_quality.py",
 }
 DEFAULT_DOCS = ROOT / "docs" / "benchmarks.md"
 DEFAULT_IMG_DIR = ROOT / "docs" / "img"
@@ -377,6 +378,7 @@ def render_markdown(
             )
         lines.append("")
         lines += _jobs_table(data)
+        lines += quality_table(data)
         missed = shortfalls.explain(name, data)
         if missed:
             lines += ["Missed, and why (every figure from the same run):", "", *missed, ""]
@@ -385,6 +387,59 @@ def render_markdown(
             what = "ratios against their targets" if stem.endswith("-ratios") else "per contender"
             lines += [f"![{name}: {what}]({image})", ""]
     return "\n".join(lines)
+
+
+def _span(summary: Mapping[str, Any], key: str, scale: float = 1.0, fmt: str = ".3f") -> str:
+    """``median (min-max)`` of one figure over the seeds, or an empty cell."""
+    value = summary.get(key)
+    if not isinstance(value, Mapping) or not value:
+        return ""
+    med, low, high = (value[k] / scale + 0.0 for k in ("median", "min", "max"))
+    text = [f"{v:{fmt}}".replace("-0", "0") if f"{v:{fmt}}" in ("-0", "-0.000") else f"{v:{fmt}}"
+            for v in (med, low, high)]  # fmt: skip
+    if text[1] == text[2]:
+        return text[0]
+    between = " to " if low < 0 else "-"
+    return f"{text[0]} ({text[1]}{between}{text[2]})"
+
+
+def quality_table(data: Mapping[str, Any]) -> list[str]:
+    """A shuffle-quality run's table (its ``quality`` rows), under its ratios; none for
+    the other benchmarks."""
+    rows = data.get("quality")
+    if not isinstance(rows, list) or not rows:
+        return []
+    params = data.get("parameters", {})
+    lines = [
+        "### Shuffle quality per contender",
+        "",
+        f"Parquet: {params.get('parquet_rows', '?')} rows in {params.get('files', '?')} files "
+        f"of row groups of {params.get('group', '?')} rows; TAR: {params.get('tar_samples', '?')} "
+        f"samples in {params.get('shards', '?')} shards. Median (min-max) over seeds "
+        f"{params.get('seeds', '?')}. Same unit: adjacent pairs from one row group (Parquet) "
+        "or shard (TAR); same file: from one Parquet file; |rho|: Spearman rank correlation "
+        "of output against original position; displacement: mean |output - original| / n. "
+        "Memory: peak RSS of the contender's process over the same reader's median peak "
+        "without shuffling (aiostream: with the same elastic; the peers: a buffer of 1), in "
+        "MiB, one peak per seed: read the spread as its noise. Buffer payload: computed, "
+        "min(buffer, samples) x a sample's mean bytes.",
+        "",
+        "| data | contender | buffer | same unit | same file | abs rho | displacement | "
+        "memory over unshuffled | buffer payload (computed) |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for row in rows:
+        summary = row.get("summary", {})
+        buffer = "" if row.get("buffer") is None else str(row["buffer"])
+        held = row.get("buffer_payload_bytes")
+        payload = "" if held is None else f"{held / 2**20:.1f} MiB"
+        lines.append(
+            f"| {row['format']} ({row['unit']}) | {row['contender']} | {buffer} | "
+            f"{_span(summary, 'same_unit')} | {_span(summary, 'same_file')} | "
+            f"{_span(summary, 'abs_rho')} | {_span(summary, 'displacement')} | "
+            f"{_span(summary, 'rss_over_unshuffled', 2**20, '.0f')} | {payload} |"
+        )
+    return [*lines, ""]
 
 
 # ------------------------------------------------------------------------- charts

@@ -53,6 +53,7 @@ BAD: dict[str, list[Any]] = {
     "verify_checksums": FLAG,
     "elastic": FLAG,
     "slice_bytes": [*COUNT, 0],
+    "shuffle_units": [*COUNT, 0],
     "s3_endpoint_url": TEXT,
     "s3_region": TEXT,
     "s3_anonymous": FLAG,

@@ -37,6 +37,7 @@ NAMES = [
     "byte-cache",
     "lerobot-bytes",
     "scale",
+    "shuffle-quality",
 ]
 # Benchmarks wired into run_all and report.py whose results are not committed yet.
 PENDING: set[str] = set()
@@ -70,7 +71,7 @@ def _table_rows(markdown: str, section: str) -> list[list[str]]:
     """The cells of the rows of the first table (the ratios) under ``## section``."""
     rows, inside = [], False
     for line in markdown.splitlines():
-        if line.startswith("## "):
+        if line.startswith("#"):  # a section's sub-headings (### ...) end its ratio table
             inside = line == f"## {section}"
         elif inside and line.startswith("| ") and not line.startswith(("| ratio ", "|---")):
             rows.append([cell.strip() for cell in line.strip("|").split("|")])
@@ -299,6 +300,7 @@ def test_run_all_dry_run_lists_every_benchmark_then_the_report() -> None:
         "byte-cache: PY benchmarks/byte_cache_check.py",
         "lerobot-bytes: PY benchmarks/lerobot_shuffled_bytes.py",
         "scale: PY benchmarks/scale_bench.py",
+        "shuffle-quality: PY benchmarks/shuffle_quality.py",
         "report: PY benchmarks/report.py",
     ]
 
@@ -321,7 +323,7 @@ def test_run_all_rejects_an_unknown_name() -> None:
     assert "unknown benchmark 'parqet'" in proc.stderr
     assert (
         "parquet,parquet-pinned,webdataset,video,lerobot,startup,ray,s3,quota,byte-cache,"
-        "lerobot-bytes,scale" in proc.stderr
+        "lerobot-bytes,scale,shuffle-quality" in proc.stderr
     )
     assert proc.stdout == ""
 
@@ -561,3 +563,24 @@ def test_the_scale_section_has_a_row_per_job_with_the_figures_of_its_json(tmp_pa
     assert f"{probe['workers']} workers: {report._mib(probe['per_worker_pss'])} PSS per worker" in (
         section
     )
+
+
+def test_the_shuffle_quality_table_has_every_contender_with_its_figures(tmp_path: Path) -> None:
+    data = json.loads((RESULTS / "shuffle-quality.json").read_text())
+    lines = report.quality_table(data)
+    rows = [line for line in lines if line.startswith("| ") and not line.startswith("| data ")]
+    assert len(rows) == len(data["quality"])
+    for line, q in zip(rows, data["quality"], strict=True):
+        cells = [cell.strip() for cell in line.strip("|").split("|")]
+        assert cells[0] == f"{q['format']} ({q['unit']})"
+        assert cells[1] == q["contender"]
+        assert cells[3].startswith(f"{q['summary']['same_unit']['median']:.3f}")
+        assert cells[5].startswith(f"{q['summary']['abs_rho']['median']:.3f}")
+    assert {q["contender"] for q in data["quality"]} >= {
+        "true permutation",
+        "no shuffle",
+        "datasets",
+        "webdataset",
+    }
+    assert all(q["complete"] for q in data["quality"])  # every sample once, each run
+    assert report.quality_table(json.loads((RESULTS / "byte-cache.json").read_text())) == []
