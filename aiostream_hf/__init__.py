@@ -28,6 +28,7 @@ from ._exceptions import SourceError as SourceError
 from ._exceptions import SplitNotFoundError as SplitNotFoundError
 from ._exceptions import UnreachableError as UnreachableError
 from ._exceptions import UsageError as UsageError
+from ._interleave import Interleaved as Interleaved
 from ._mix import Mix as Mix
 from ._mix import MixStatistics as MixStatistics
 from ._mix import mix as mix
@@ -54,6 +55,7 @@ __all__ = [
     "GatedRepoError",
     "HubClient",
     "HubServerError",
+    "Interleaved",
     "Manifest",
     "Mix",
     "MixStatistics",
