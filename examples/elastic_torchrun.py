@@ -104,6 +104,7 @@ def train(args: argparse.Namespace) -> None:
     # list of files, so the job makes one resolution and every rank reads the same commit.
     ds = StreamDataset(
         args.source,
+        config=args.config,
         split=args.split,
         columns=[args.column, args.key],
         shuffle=args.shuffle,  # units by (seed, epoch), then rows through a buffer
@@ -145,7 +146,8 @@ def train(args: argparse.Namespace) -> None:
         save(args, loader, model, optimizer, step)
     print(
         f"rank {rank}/{world}: steps {started}-{step}, {len(seen)} samples with "
-        f"{args.workers} workers, loss first {losses[0]:.3f} last {losses[-1]:.3f}"
+        f"{args.workers} worker{'s' * (args.workers != 1)}, "
+        f"loss first {losses[0]:.3f} last {losses[-1]:.3f}"
         if losses
         else f"rank {rank}/{world}: nothing left to train on",
         flush=True,
@@ -195,6 +197,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("source", nargs="?", help="hf://datasets/ORG/NAME, a URL or a path")
     parser.add_argument("--make-data", metavar="ROOT", help="write a demo repo under ROOT")
+    parser.add_argument("--config", help="the dataset's config (subset), if it has several")
     parser.add_argument("--split", default="train")
     parser.add_argument("--column", default="text", help="a text column")
     parser.add_argument("--key", default="id", help="a column naming each sample")

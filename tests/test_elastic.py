@@ -14,6 +14,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from elastic_bounds import covered, parquet_bound, spans
 
 import aiostream_hf as ash
 from aiostream_hf import _elastic
@@ -193,68 +194,11 @@ def _parquet(hub: HubServer, **kw: Any) -> Callable[[int, int], ash.Stream]:
     return make
 
 
-def _spans(path: Path) -> list[tuple[int, int]]:
-    meta = pq.ParquetFile(path).metadata
-    out = []
-    for r in range(meta.num_row_groups):
-        group = meta.row_group(r)
-        starts = [
-            min(
-                c.data_page_offset,
-                c.dictionary_page_offset if c.has_dictionary_page else c.data_page_offset,
-            )
-            for c in (group.column(i) for i in range(group.num_columns))
-        ]
-        ends = [
-            s + group.column(i).total_compressed_size
-            for i, s in enumerate(starts)  # noqa: B007
-        ]
-        out.append((min(starts), max(ends)))
-    return out
-
-
-def _covered(spans: Sequence[tuple[int, int]]) -> int:
-    total = reach = 0
-    for start, end in sorted(spans):
-        start = max(start, reach)
-        if end > start:
-            total += end - start
-            reach = end
-    return total
-
-
 def _parquet_bound(folder: Path, seed: int, shuffle: bool) -> Callable[[Any], int]:
     """The most a job may be served, from the job state it starts from: for each unit
     left (a slice of a file), its file's tail read and its row groups from the one it
     stopped in; a unit done, or the row groups before a position, are never read again."""
-    paths = sorted(folder.glob("train-*.parquet"))
-    sizes = [p.stat().st_size for p in paths]
-    spans = [_spans(p) for p in paths]
-    units = [
-        (f, s, -(-sizes[f] // SLICE))
-        for f in range(len(paths))
-        for s in range(-(-sizes[f] // SLICE))
-    ]
-
-    def bound(job: dict[str, Any] | None) -> int:
-        base = (
-            _elastic.Base()
-            if job is None
-            else _elastic.Base.from_state(job["elastic"]["base"], len(units), "job")
-        )
-        order = _elastic.unit_order(len(units), seed=seed, epoch=0, shuffle=shuffle)
-        total = 0
-        for g, start in _elastic.remaining(base, len(units)):
-            f, s, n = units[order[g]]
-            mine = [
-                (r, span) for r, span in enumerate(spans[f]) if min(span[0] // SLICE, n - 1) == s
-            ]
-            first = start["unit"] if start else 0
-            tail = (max(0, sizes[f] - TAIL_READ_SIZE), sizes[f])
-            total += _covered([tail, *(span for r, span in mine if r >= first)])
-        return total
-
-    return bound
+    return parquet_bound(list(folder.glob("train-*.parquet")), SLICE, seed, shuffle)
 
 
 @pytest.mark.parametrize("mode", list(PARQUET_MODES))
@@ -596,7 +540,7 @@ async def test_one_large_file_is_shared_by_row_group_and_no_consumer_idles(
             slices = -(-size // SLICE)
             tail = (max(0, size - TAIL_READ_SIZE), size)
             most = sum(
-                _covered([tail, *(g for g in _spans(path) if min(g[0] // SLICE, slices - 1) == s)])
+                covered([tail, *(g for g in spans(path) if min(g[0] // SLICE, slices - 1) == s)])
                 for s in range(rank, slices, 4)
             )
             assert served <= most < size
