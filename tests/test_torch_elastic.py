@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import subprocess
 import sys
 from pathlib import Path
@@ -56,15 +57,21 @@ def _rest_in_new_processes(
     ranks: int,
     workers: int,
     kind: str = "stream",
-    source: str = "hf://datasets/org/elastic",
+    source: str | list[str] = "hf://datasets/org/elastic",
     kwargs: dict[str, Any] | None = None,
-    key: str = "id",
-) -> list[int]:
+    key: str | list[str] = "id",
+    extra: dict[str, Any] | None = None,
+) -> list[Any]:
     """Every rank of a job of ``ranks`` x ``workers`` reads the rest of the epoch from
-    ``job``, each in a process of its own (torch_resume_script.py, RANK/WORLD_SIZE set)."""
-    state = tmp_path / "job.json"
-    state.write_text(json.dumps(job))
-    got: list[int] = []
+    ``job``, each in a process of its own (torch_resume_script.py, RANK/WORLD_SIZE set).
+    The job state is saved as JSON, or pickled when it holds bytes (TAR samples)."""
+    try:
+        state = tmp_path / "job.json"
+        state.write_text(json.dumps(job))
+    except TypeError:
+        state = tmp_path / "job.pkl"
+        state.write_bytes(pickle.dumps(job))
+    got: list[Any] = []
     for rank in range(ranks):
         out = tmp_path / f"rank-{rank}.json"
         config = {
@@ -79,6 +86,7 @@ def _rest_in_new_processes(
             "workers": workers,
             "key": key,
             "out": str(out),
+            **(extra or {}),
         }
         env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(ranks)}
         done = subprocess.run(
@@ -175,3 +183,50 @@ def test_a_lerobot_dataloader_job_of_3_workers_resumes_as_3_ranks_of_1_worker(
         )
     assert len(before) + len(after) == sum(lengths)
     assert sorted(before + after) == list(range(sum(lengths)))
+
+
+def test_a_mixture_of_parquet_and_tar_dataloader_job_resumes_as_3_ranks_of_1_worker(
+    root: Path, tmp_path: Path
+) -> None:
+    """A MixDataset (Parquet rows and TAR shards, all_exhausted) in a StatefulDataLoader of
+    2 workers: its job state resumes in 3 new processes of 1 worker, every sample once."""
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    from aiostream_hf.testing import make_webdataset_shards
+    from aiostream_hf.torch import MixDataset, StreamDataset, job_state
+
+    repo = make_repo(root, "org/mixshards", {})
+    make_webdataset_shards(repo / "data", shards=5, samples_per_shard=10, seed=4)
+    with HubServer(root) as hub:
+        options = ash.StreamOptions(cache_dir=tmp_path / "cache", pin_ttl=3600, **OPTIONS)
+        shards = hub.url("org/mixshards", "data/train-{000000..000004}.tar")
+        sources = ["hf://datasets/org/elastic", shards.replace("%7B", "{").replace("%7D", "}")]
+        kwargs = {"shuffle": 8, "seed": 3}
+        members = [
+            StreamDataset(s, endpoint=hub.endpoint, options=options, **kwargs) for s in sources
+        ]
+        ds = MixDataset(members, [0.6, 0.4], seed=5, stop="all_exhausted")
+        loader = StatefulDataLoader(ds, batch_size=None, num_workers=2)
+        before: list[str] = []
+        for item in loader:
+            before.append(str(item["id"]) if "id" in item else str(item["__key__"]))
+            if len(before) == 70:
+                break
+        job = job_state([pickle.loads(pickle.dumps(loader.state_dict()))])
+        del loader
+        assert job["of"] == "mix"
+        assert all(m["elastic"]["base"]["partial"] for m in job["members"])
+        after = _rest_in_new_processes(
+            hub,
+            tmp_path,
+            job,
+            ranks=3,
+            workers=1,
+            kind="mix",
+            source=sources,
+            kwargs=kwargs,
+            key=["id", "__key__"],
+            extra={"weights": [0.6, 0.4], "seed": 5},
+        )
+    assert len(before) + len(after) == ROWS + 50  # nothing twice...
+    assert len(set(before + after)) == ROWS + 50  # ...nothing lost
