@@ -160,7 +160,7 @@ def test_elastic_torchrun_2_ranks_x_1_worker_resume_as_1_rank_x_2_workers(
     """The two torchrun jobs of docs/dataloader-training.md: every sample once over both,
     the second job reads no row group the first one finished (the server's byte count)."""
     import torch
-    from elastic_bounds import parquet_bound
+    from elastic_helpers import parquet_bound
 
     data = tmp_path / "hub"
     made = run_example("elastic_torchrun.py", "--make-data", str(data))
