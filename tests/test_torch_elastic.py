@@ -230,3 +230,65 @@ def test_a_mixture_of_parquet_and_tar_dataloader_job_resumes_as_3_ranks_of_1_wor
         )
     assert len(before) + len(after) == ROWS + 50  # nothing twice...
     assert len(set(before + after)) == ROWS + 50  # ...nothing lost
+
+
+# (ranks, DataLoader workers, batches each rank takes before the checkpoint; None: to the
+# end): five changes of layout, num_workers=0 among them
+TORCH_CHAIN: list[tuple[int, int, list[int | None]]] = [
+    (1, 2, [5]),
+    (2, 1, [3, 6]),
+    (1, 3, [4]),
+    (3, 0, [2, 5, 1]),
+    (2, 2, [3, 2]),
+    (1, 3, [None]),
+]
+
+
+def test_dataloader_jobs_resume_across_five_layouts_every_row_once_nothing_read_again(
+    root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A chain of DataLoader jobs (ranks from RANK/WORLD_SIZE, workers forked by the
+    loader): each job loads the one before's job state into its datasets, reads some
+    batches and saves a job state (``job_state`` of its ranks' loader states). Every row
+    once over the chain, and each job is served no more than what its job state left."""
+    from elastic_helpers import parquet_bound
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    from aiostream_hf.torch import StreamDataset, job_state
+
+    files = sorted((root / "datasets/org/elastic/data").glob("*.parquet"))
+    bound = parquet_bound(files, SLICE, seed=KWARGS["seed"], shuffle=True)
+    delivered: list[int] = []
+    job: dict[str, Any] | None = None
+    with HubServer(root) as hub:
+        options = ash.StreamOptions(cache_dir=tmp_path / "cache", pin_ttl=3600, **OPTIONS)
+
+        def dataset() -> StreamDataset:
+            return StreamDataset(
+                "hf://datasets/org/elastic", endpoint=hub.endpoint, options=options, **KWARGS
+            )
+
+        dataset()  # resolved once: the jobs' datasets find it in the cache (no API request)
+        for ranks, workers, takes in TORCH_CHAIN:
+            hub.wait_idle()
+            hub.reset_stats()
+            states = []
+            for rank in range(ranks):
+                monkeypatch.setenv("RANK", str(rank))
+                monkeypatch.setenv("WORLD_SIZE", str(ranks))
+                ds = dataset()
+                if job is not None:
+                    ds.load_state_dict(json.loads(json.dumps(job)))
+                loader = StatefulDataLoader(ds, batch_size=4, num_workers=workers)
+                for i, batch in enumerate(loader):
+                    delivered += [int(x) for x in batch["id"]]
+                    if i + 1 == takes[rank]:
+                        break
+                states.append(json.loads(json.dumps(loader.state_dict())))
+                del loader
+            served = hub.wait_idle()
+            assert served.by_bucket.get("api", 0) == 0
+            assert served.bytes_served <= bound(job), (ranks, workers)
+            job = job_state(states)
+    assert len(delivered) == ROWS  # nothing twice...
+    assert sorted(delivered) == list(range(ROWS))  # ...nothing lost
