@@ -265,11 +265,24 @@ async def test_lerobot_resumes_across_five_layouts_every_frame_once(
     with HubServer(root) as hub:
         make = _lerobot(hub, layout, shuffle=shuffle, seed=2)
         returned: list[tuple[int, int]] = []
+        started: list[int] = []
 
         def frames(statistics: list[Any], items: int) -> None:
             returned.append((sum(s.video.get("frames_returned", 0) for s in statistics), items))
+            started.append(sum(s.episodes for s in statistics))
 
         delivered, jobs = await run_chain(make, LEROBOT_CHAIN, on_job=frames)
+    # No episode the job state says is done is started again: each job's consumers start
+    # at most the episodes left (partial ones, and those not done), readahead included.
+    units = len(EPISODES)
+    for i, count in enumerate(started):
+        base = (
+            _elastic.Base()
+            if i == 0
+            else _elastic.Base.from_state(jobs[i - 1]["elastic"]["base"], units, "job")
+        )
+        assert count <= len(_elastic.remaining(base, units)), (i, count)
+    assert started[-1] < units  # the last job started from a state with episodes done
     # The last job reads to the end: it fetches and decodes the frames of the items it
     # delivers and no others (none of an item delivered before a checkpoint).
     cameras = len(layout.video_keys)
