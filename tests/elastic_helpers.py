@@ -59,9 +59,11 @@ def covered(ranges: Sequence[tuple[int, int]]) -> int:
 
 
 def parquet_bound(
-    paths: Sequence[Path], slice_bytes: int, seed: int, shuffle: bool
+    paths: Sequence[Path], slice_bytes: int, seed: int, shuffle: bool, *, whole: bool = False
 ) -> Callable[[dict[str, Any] | None], int]:
-    """bound(job): the most a job starting from ``job`` (None: a fresh epoch) reads."""
+    """bound(job): the most a job starting from ``job`` (None: a fresh epoch) reads.
+    ``whole``: a partial unit counts from its first row group (a bound on units, not on
+    row groups: nothing of a unit done is read again)."""
     paths = sorted(paths)
     sizes = [p.stat().st_size for p in paths]
     groups = [spans(p) for p in paths]
@@ -86,7 +88,7 @@ def parquet_bound(
                 for r, span in enumerate(groups[f])
                 if min(span[0] // slice_bytes, n - 1) == s
             ]
-            first = start["unit"] if start else 0
+            first = start["unit"] if start and not whole else 0
             tail = (max(0, sizes[f] - TAIL_READ_SIZE), sizes[f])
             total += covered([tail, *(span for r, span in mine if r >= first)])
         return total

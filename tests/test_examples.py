@@ -158,19 +158,22 @@ def test_elastic_torchrun_2_ranks_x_1_worker_resume_as_1_rank_x_2_workers(
     tmp_path: Path,
 ) -> None:
     """The two torchrun jobs of docs/dataloader-training.md: every sample once over both,
-    the second job reads no row group the first one finished (the server's byte count)."""
+    and the second job reads nothing of a unit the first one finished (the server's byte
+    count). Not checked to the row group: the fetcher coalesces nearby ranges of a file
+    (coalesce_gap), so how much of a partial unit's delivered row groups a resumed job
+    fetches again, as holes between the ranges it needs, varies with timing."""
     import torch
     from elastic_helpers import parquet_bound
 
     data = tmp_path / "hub"
     made = run_example("elastic_torchrun.py", "--make-data", str(data))
     assert "(2,000 rows)" in made
-    slice_bytes, batch, stop = 100_000, 8, 5
+    slice_bytes, batch, stop = 100_000, 8, 20
     common = ["hf://datasets/demo/elastic-text", "--slice-bytes", str(slice_bytes)]
     common += ["--batch-size", str(batch), "--record", str(tmp_path / "seen")]
     ckpt = tmp_path / "ckpt.pt"
     files = sorted((data / "datasets/demo/elastic-text/data").glob("*.parquet"))
-    bound = parquet_bound(files, slice_bytes, seed=0, shuffle=True)
+    bound = parquet_bound(files, slice_bytes, seed=0, shuffle=True, whole=True)
     with HubServer(data) as hub:
         env = {"HF_ENDPOINT": hub.endpoint, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"}
         first = torchrun(2, *common, "--workers", "1", "--stop-after", str(stop),
@@ -182,10 +185,12 @@ def test_elastic_torchrun_2_ranks_x_1_worker_resume_as_1_rank_x_2_workers(
         assert served.bytes_served <= bound(None)  # each unit read once at most
         job = torch.load(ckpt)["data"]
         assert job["kind"] == "job"
-        assert bound(job) < bound(None)  # the units the first job finished are not left
+        base = job["elastic"]["base"]
+        assert base["frontier"] > 0 or base["done"]  # the first job finished units
+        assert bound(job) < bound(None)
         hub.reset_stats()
         rest = torchrun(1, *common, "--workers", "2", "--resume", str(ckpt), env=env)
-        # Nothing done is read again: at most each unit left, from where it stopped.
+        # Nothing of a unit done is read again: at most each unit left, and its footer.
         assert hub.wait_idle().bytes_served <= bound(job)
     assert "2,000 samples, each once: True" in rest
     records = {p.name: json.loads(p.read_text()) for p in (tmp_path / "seen").glob("*.json")}
