@@ -109,7 +109,9 @@ def train(args: argparse.Namespace) -> None:
         columns=[args.column, args.key],
         shuffle=args.shuffle,  # units by (seed, epoch), then rows through a buffer
         seed=args.seed,
-        options=ash.StreamOptions(elastic=True, slice_bytes=args.slice_bytes),
+        options=ash.StreamOptions(
+            elastic=True, slice_bytes=args.slice_bytes, coalesce_gap=args.coalesce_gap
+        ),
     )
     torch.manual_seed(0)
     model = DistributedDataParallel(torch.nn.Linear(256, 1))
@@ -207,6 +209,12 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
         "--slice-bytes", type=int, default=64 << 20, help="a Parquet file's unit of work"
+    )
+    parser.add_argument(
+        "--coalesce-gap",
+        type=int,
+        default=1 << 20,
+        help="ranges of a file closer than this are one request (0: fetch exactly the rows left)",
     )
     parser.add_argument("--stop-after", type=int, help="save the job's state at this step, stop")
     parser.add_argument("--checkpoint", default="ckpt.pt", help="where --stop-after saves")

@@ -59,11 +59,11 @@ def covered(ranges: Sequence[tuple[int, int]]) -> int:
 
 
 def parquet_bound(
-    paths: Sequence[Path], slice_bytes: int, seed: int, shuffle: bool, *, whole: bool = False
+    paths: Sequence[Path], slice_bytes: int, seed: int, shuffle: bool
 ) -> Callable[[dict[str, Any] | None], int]:
-    """bound(job): the most a job starting from ``job`` (None: a fresh epoch) reads.
-    ``whole``: a partial unit counts from its first row group (a bound on units, not on
-    row groups: nothing of a unit done is read again)."""
+    """bound(job): the most a job starting from ``job`` (None: a fresh epoch) reads, when
+    its ranges are fetched exactly (``StreamOptions(coalesce_gap=0)``, or few reads at
+    once, as the in-process chains make: ranges coalesced across holes fetch the holes)."""
     paths = sorted(paths)
     sizes = [p.stat().st_size for p in paths]
     groups = [spans(p) for p in paths]
@@ -88,7 +88,7 @@ def parquet_bound(
                 for r, span in enumerate(groups[f])
                 if min(span[0] // slice_bytes, n - 1) == s
             ]
-            first = start["unit"] if start and not whole else 0
+            first = start["unit"] if start else 0
             tail = (max(0, sizes[f] - TAIL_READ_SIZE), sizes[f])
             total += covered([tail, *(span for r, span in mine if r >= first)])
         return total

