@@ -26,11 +26,14 @@ the config and split asked for. A file that fails is an error naming it and the 
 read it would read another listing than this one.
 
 Only Hub sources are shared (``shareable``); files, URLs and S3 objects are resolved as
-before, per machine.
+before, per machine. A LeRobot dataset's listing of its folder at the commit its
+resolution pinned is kept in the job's folder too (``shared_folder``), so a job of any
+size reads a Hub LeRobot dataset's files with one pin and two listings.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -73,6 +76,7 @@ __all__ = [
     "seed_machine_cache",
     "shareable",
     "shared",
+    "shared_folder",
 ]
 
 FORMAT = "aiostream-hf job manifest"
@@ -351,6 +355,15 @@ async def shared(
         return manifest
     finally:
         lock.release()
+
+
+def shared_folder(
+    folder: Path, src: HubSource, access: Access, listing: Callable[[], Awaitable[Manifest]]
+) -> Callable[[], Awaitable[Manifest]]:
+    """``listing`` (every file of the Hub folder ``src``, at a commit: a LeRobot dataset's
+    files) kept in the job's ``folder`` like a resolution, under a key of its own."""
+    key = {**request_key([src], None, None, None, access), "listing": "folder"}
+    return functools.partial(shared, folder, key, listing)
 
 
 def _checked_entry(key: Mapping[str, Any], manifest: Manifest, what: str) -> dict[str, Any]:

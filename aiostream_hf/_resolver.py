@@ -635,9 +635,12 @@ class Resolver:
             return Manifest(files=files, repo_id=src.repo_id, commit=sha, endpoint=endpoint)
 
         # Kept as a manifest (a commit's files never change): a process that finds the
-        # folder's manifests on disk finds this one there too, and lists nothing.
+        # folder's manifests on disk finds this one there too, and lists nothing; with a
+        # job folder (manifest_dir), one process of the job lists it for all.
         key = ("folder", who, endpoint, src.repo_id, sha, folder)
-        return await self._once(key, build, _MANIFEST_CODEC, ttl=None, call=call)
+        jobdir = self._options.resolved_manifest_dir()
+        listing = build if jobdir is None else job.shared_folder(jobdir, src, access, build)
+        return await self._once(key, listing, _MANIFEST_CODEC, ttl=None, call=call)
 
     async def _build(
         self,

@@ -2,9 +2,9 @@
 
 The launcher imports what the ranks need once, then forks every rank (a process of its
 own: fork, so that 16 ranks do not import torch 16 times on a 2-core machine), and exits
-non-zero if one of them failed. CONFIG: mode ("distributed", "lerobot" or "shared"), endpoint,
-source, splits (one per rank), ranks, per_node, tmp (a folder: node caches, the
-FileStore or the job folder, one result file per rank).
+non-zero if one of them failed. CONFIG: mode ("distributed", "lerobot", "mix" or
+"shared"), endpoint, source (and shards, for mix), splits (one per rank), ranks, per_node,
+tmp (a folder: node caches, the FileStore or the job folder, one result file per rank).
 
 - distributed: torch.distributed over gloo (a FileStore); StreamDataset, so rank 0
   resolves and broadcasts. Ranks of even nodes read through a DataLoader of the
@@ -13,6 +13,8 @@ FileStore or the job folder, one result file per rank).
   rank 0 broadcast in the node's cache (seeded when the dataset was built).
 - lerobot: torch.distributed; a LeRobotStreamDataset of SOURCE, whose metadata rank 0
   reads and broadcasts; each rank reads its share itself (no workers).
+- mix: torch.distributed; a MixDataset of the Parquet source and the TAR shards,
+  elastic, through a DataLoader of 2 workers: rank 0 resolves each and broadcasts it.
 - shared: no torch: StreamOptions(manifest_dir=TMP/job); "workers" streams (default 4)
   side by side in one event loop (on "backend": asyncio, the default, or trio), each
   resolving SOURCE by name; with "slice_bytes", elastic (StreamOptions(elastic=True)).
@@ -109,6 +111,33 @@ def lerobot(config: dict[str, Any], rank: int) -> list[int]:
         dist.destroy_process_group()
 
 
+def mix(config: dict[str, Any], rank: int) -> list[str]:
+    """torch.distributed; a MixDataset of two StreamDatasets (Parquet ``source`` and TAR
+    ``shards``, both elastic; rank 0 resolves each and broadcasts it), read through a
+    DataLoader of 2 workers, one sample at a time: the rows' ids and the samples' keys."""
+    import torch.distributed as dist
+    import torch.utils.data
+
+    from aiostream_hf.torch import MixDataset, StreamDataset
+
+    tmp, world = Path(config["tmp"]), config["ranks"]
+    cache = tmp / f"node-{rank // config['per_node']}"
+    store = tmp / "store"
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+    try:
+        kw: dict[str, Any] = {"split": "train", "endpoint": config["endpoint"]}
+        kw["options"] = _options(cache, elastic=True)
+        rows = StreamDataset(config["source"], columns=["id"], **kw)
+        shards = StreamDataset(config["shards"], **kw)
+        ds = MixDataset([rows, shards], [0.5, 0.5], seed=1, stop="all_exhausted")
+        loader = torch.utils.data.DataLoader(
+            ds, batch_size=None, num_workers=2, multiprocessing_context="fork"
+        )
+        return [str(item["id"] if "id" in item else item["__key__"]) for item in loader]
+    finally:
+        dist.destroy_process_group()
+
+
 async def shared(config: dict[str, Any], rank: int) -> dict[str, list[int]]:
     tmp, world = Path(config["tmp"]), config["ranks"]
     cache = tmp / f"node-{rank // config['per_node']}"
@@ -152,6 +181,8 @@ def run_rank(config: dict[str, Any], rank: int) -> None:
             result = {"ids": distributed(config, rank)}
         elif config["mode"] == "lerobot":
             result = {"ids": lerobot(config, rank)}
+        elif config["mode"] == "mix":
+            result = {"ids": mix(config, rank)}
         else:
             result = anyio.run(shared, config, rank, backend=config.get("backend", "asyncio"))
     except Exception as exc:
@@ -161,7 +192,7 @@ def run_rank(config: dict[str, Any], rank: int) -> None:
 
 def main() -> int:
     config = json.loads(sys.argv[1])
-    if config["mode"] in ("distributed", "lerobot"):
+    if config["mode"] in ("distributed", "lerobot", "mix"):
         import torch.distributed  # noqa: F401  (once, here, for every rank)
         import torch.utils.data  # noqa: F401
 

@@ -6,14 +6,22 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import pickle
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from elastic_helpers import (
+    consumers,
+    covered,
+    exactly_once,
+    is_subsequence,
+    parquet_bound,
+    run_chain,
+    spans,
+    take,
+)
 
 import aiostream_hf as ash
 from aiostream_hf import _elastic
@@ -64,97 +72,6 @@ def parquet_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 TOTAL = 330
 
 
-def _ids(item: Any) -> list[Any]:
-    if isinstance(item, pa.RecordBatch):
-        return item.column("id").to_pylist()
-    if isinstance(item, dict) and isinstance(item.get("id"), list):
-        return list(item["id"])
-    if "index" in item:  # a LeRobot item: its frame's global index
-        return [int(item["index"])]
-    return [item["id"] if "id" in item else item["__key__"]]
-
-
-async def _take(s: Any, n: int | None) -> list[Any]:
-    """Samples of ``s`` until ``n`` ids are taken (None: to the end); a state is then exact."""
-    got: list[Any] = []
-    if n == 0:
-        return got
-    async for item in s:
-        got += _ids(item)
-        if n is not None and len(got) >= n:
-            break
-    return got
-
-
-async def run_chain(
-    make: Callable[[int, int], Any],
-    chain: Sequence[tuple[int, Sequence[int | None]]] = CHAIN,
-    *,
-    hub: HubServer | None = None,
-    phase_bound: Callable[[dict[str, Any] | None], int] | None = None,
-    bounds: Sequence[tuple[HubServer, Callable[[dict[str, Any] | None], int]]] = (),
-    on_job: Callable[[list[Any], int], None] | None = None,
-) -> tuple[list[Any], list[dict[str, Any]]]:
-    """Every job of ``chain`` in turn: each consumer loads the job state (JSON round trip),
-    takes its samples and saves its state; the states are merged for the next job.
-    Returns every id delivered, and the job states. With ``phase_bound``, the bytes each
-    job is served are checked against it (what is left of the job state it started from).
-    ``bounds``: (server, bound) pairs checked the same way (a mixture's members' servers).
-    ``on_job(statistics, delivered)``: each job's consumers' statistics, its sample count."""
-    checks = list(bounds)
-    if hub is not None and phase_bound is not None:
-        checks.append((hub, phase_bound))
-    delivered: list[Any] = []
-    job: dict[str, Any] | None = None
-    jobs: list[dict[str, Any]] = []
-    for world, takes in chain:
-        for server, _ in checks:
-            server.wait_idle()
-            server.reset_stats()
-        states, statistics, before = [], [], len(delivered)
-        for rank in range(world):
-            s = make(rank, world)
-            if job is not None:
-                s.load_state_dict(job)
-            async with s:
-                delivered += await _take(s, takes[rank])
-                states.append(_roundtrip(s.state_dict()))
-                statistics.append(s.statistics())
-        for state in _leaves(states):
-            # A consumer's base holds no buffered samples: its share of them is its own.
-            assert not (state.get("elastic") or {}).get("base", {}).get("buffer")
-        if on_job is not None:
-            on_job(statistics, len(delivered) - before)
-        for server, bound in checks:
-            served = server.wait_idle()
-            assert served.bytes_served <= bound(job), (world, job)
-        job = _roundtrip(ash.merge_states(states))
-        jobs.append(job)
-    return delivered, jobs
-
-
-def _leaves(states: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The streams' states in ``states`` (a mixture's members', at any depth)."""
-    out: list[dict[str, Any]] = []
-    for state in states:
-        out += _leaves(state["members"]) if state.get("kind") == "mix" else [state]
-    return out
-
-
-def _roundtrip(state: dict[str, Any]) -> dict[str, Any]:
-    """A state as saved to disk and read back: JSON, or pickle for a buffer of TAR
-    samples (bytes, which JSON has not)."""
-    try:
-        return dict(json.loads(json.dumps(state)))
-    except TypeError:
-        return dict(pickle.loads(pickle.dumps(state)))
-
-
-def _exactly_once(delivered: list[Any], expected: set[Any]) -> None:
-    assert len(delivered) == len(set(delivered)), "a sample was delivered twice"
-    assert set(delivered) == expected, "a sample was lost"
-
-
 # -- Parquet ----------------------------------------------------------------------------
 
 
@@ -193,68 +110,11 @@ def _parquet(hub: HubServer, **kw: Any) -> Callable[[int, int], ash.Stream]:
     return make
 
 
-def _spans(path: Path) -> list[tuple[int, int]]:
-    meta = pq.ParquetFile(path).metadata
-    out = []
-    for r in range(meta.num_row_groups):
-        group = meta.row_group(r)
-        starts = [
-            min(
-                c.data_page_offset,
-                c.dictionary_page_offset if c.has_dictionary_page else c.data_page_offset,
-            )
-            for c in (group.column(i) for i in range(group.num_columns))
-        ]
-        ends = [
-            s + group.column(i).total_compressed_size
-            for i, s in enumerate(starts)  # noqa: B007
-        ]
-        out.append((min(starts), max(ends)))
-    return out
-
-
-def _covered(spans: Sequence[tuple[int, int]]) -> int:
-    total = reach = 0
-    for start, end in sorted(spans):
-        start = max(start, reach)
-        if end > start:
-            total += end - start
-            reach = end
-    return total
-
-
 def _parquet_bound(folder: Path, seed: int, shuffle: bool) -> Callable[[Any], int]:
     """The most a job may be served, from the job state it starts from: for each unit
     left (a slice of a file), its file's tail read and its row groups from the one it
     stopped in; a unit done, or the row groups before a position, are never read again."""
-    paths = sorted(folder.glob("train-*.parquet"))
-    sizes = [p.stat().st_size for p in paths]
-    spans = [_spans(p) for p in paths]
-    units = [
-        (f, s, -(-sizes[f] // SLICE))
-        for f in range(len(paths))
-        for s in range(-(-sizes[f] // SLICE))
-    ]
-
-    def bound(job: dict[str, Any] | None) -> int:
-        base = (
-            _elastic.Base()
-            if job is None
-            else _elastic.Base.from_state(job["elastic"]["base"], len(units), "job")
-        )
-        order = _elastic.unit_order(len(units), seed=seed, epoch=0, shuffle=shuffle)
-        total = 0
-        for g, start in _elastic.remaining(base, len(units)):
-            f, s, n = units[order[g]]
-            mine = [
-                (r, span) for r, span in enumerate(spans[f]) if min(span[0] // SLICE, n - 1) == s
-            ]
-            first = start["unit"] if start else 0
-            tail = (max(0, sizes[f] - TAIL_READ_SIZE), sizes[f])
-            total += _covered([tail, *(span for r, span in mine if r >= first)])
-        return total
-
-    return bound
+    return parquet_bound(list(folder.glob("train-*.parquet")), SLICE, seed, shuffle)
 
 
 @pytest.mark.parametrize("mode", list(PARQUET_MODES))
@@ -266,8 +126,8 @@ async def test_parquet_resumes_across_five_layouts_every_row_once_nothing_read_a
         bound = _parquet_bound(
             parquet_root / "datasets/org/elastic/data", kw.get("seed", 0), bool(kw.get("shuffle"))
         )
-        delivered, jobs = await run_chain(_parquet(hub, **kw), hub=hub, phase_bound=bound)
-    _exactly_once(delivered, set(range(TOTAL)))
+        delivered, jobs = await run_chain(_parquet(hub, **kw), CHAIN, hub=hub, phase_bound=bound)
+    exactly_once(delivered, set(range(TOTAL)))
     # The chain stopped mid-unit somewhere: some job state held a partial unit.
     assert any(j["elastic"]["base"]["partial"] for j in jobs[:-1])
     if "shuffle" in kw and "batch_size" not in kw and kw.get("output") != "arrow":
@@ -339,9 +199,9 @@ async def test_tar_resumes_across_five_layouts_every_sample_once_nothing_read_ag
         make = _tar(hub, shuffle=shuffle, seed=4)
         delivered, jobs = await run_chain(make, TAR_CHAIN, hub=hub, phase_bound=bound)
         async with ash.stream(str(folder / "*.tar")) as whole:
-            expected = set(await _take(whole, None))
+            expected = set(await take(whole, None))
     assert len(expected) == SHARDS * PER_SHARD
-    _exactly_once(delivered, expected)
+    exactly_once(delivered, expected)
     partial = [pos for j in jobs[:-1] for _, pos in j["elastic"]["base"]["partial"]]
     assert any(pos.get("offset") for pos in partial)  # a shard resumed mid-way, by byte
 
@@ -405,18 +265,31 @@ async def test_lerobot_resumes_across_five_layouts_every_frame_once(
     with HubServer(root) as hub:
         make = _lerobot(hub, layout, shuffle=shuffle, seed=2)
         returned: list[tuple[int, int]] = []
+        started: list[int] = []
 
         def frames(statistics: list[Any], items: int) -> None:
             returned.append((sum(s.video.get("frames_returned", 0) for s in statistics), items))
+            started.append(sum(s.episodes for s in statistics))
 
         delivered, jobs = await run_chain(make, LEROBOT_CHAIN, on_job=frames)
+    # No episode the job state says is done is started again: each job's consumers start
+    # at most the episodes left (partial ones, and those not done), readahead included.
+    units = len(EPISODES)
+    for i, count in enumerate(started):
+        base = (
+            _elastic.Base()
+            if i == 0
+            else _elastic.Base.from_state(jobs[i - 1]["elastic"]["base"], units, "job")
+        )
+        assert count <= len(_elastic.remaining(base, units)), (i, count)
+    assert started[-1] < units  # the last job started from a state with episodes done
     # The last job reads to the end: it fetches and decodes the frames of the items it
     # delivers and no others (none of an item delivered before a checkpoint).
     cameras = len(layout.video_keys)
     last_returned, last_items = returned[-1]
     assert last_items > 0
     assert last_returned == last_items * cameras
-    _exactly_once(delivered, set(range(sum(EPISODES))))
+    exactly_once(delivered, set(range(sum(EPISODES))))
     assert any(j["elastic"]["base"]["partial"] for j in jobs[:-1])
     if shuffle:
         assert any(j["elastic"]["base"]["buffer"] for j in jobs[:-1])
@@ -448,8 +321,8 @@ async def test_mix_of_parquet_and_tar_resumes_across_five_layouts_every_sample_o
         delivered, jobs = await run_chain(make, CHAIN, bounds=bounds)
         folder = tar_root / "datasets/org/shards/data"
         async with ash.stream(str(folder / "*.tar")) as whole:
-            keys = set(await _take(whole, None))
-    _exactly_once(delivered, set(range(TOTAL)) | keys)
+            keys = set(await take(whole, None))
+    exactly_once(delivered, set(range(TOTAL)) | keys)
     assert all(j["of"] == "mix" for j in jobs)
     assert any(j["members"][0]["elastic"]["base"]["partial"] for j in jobs[:-1])
     assert any(j["members"][1]["elastic"]["base"]["partial"] for j in jobs[:-1])
@@ -464,26 +337,13 @@ async def test_a_mixture_that_stops_at_the_first_exhausted_is_refused_naming_the
         for rank in range(2):
             m = ash.mix([rows(rank, 2), rows(rank, 2)], stop="first_exhausted")
             async with m:
-                await _take(m, 3)
+                await take(m, 3)
                 states.append(m.state_dict())
     with pytest.raises(ash.SourceError, match="first_exhausted.*stop='all_exhausted'"):
         ash.merge_states(states)
 
 
 # -- line 1: the order is the dataset's, seed's and epoch's; consumers take shares of it ---
-
-
-async def _consumers(make: Callable[[int, int], Any], world: int) -> list[list[Any]]:
-    out = []
-    for rank in range(world):
-        async with make(rank, world) as s:
-            out.append(await _take(s, None))
-    return out
-
-
-def _is_subsequence(part: list[Any], whole: list[Any]) -> bool:
-    mine = set(part)
-    return [x for x in whole if x in mine] == part
 
 
 async def test_the_order_is_one_for_every_layout_and_each_consumer_takes_a_share_of_it(
@@ -497,36 +357,36 @@ async def test_the_order_is_one_for_every_layout_and_each_consumer_takes_a_share
             "tar": _tar(tar_hub),
         }
         for name, make in cases.items():
-            (whole,) = await _consumers(make, 1)
+            (whole,) = await consumers(make, 1)
             assert len(whole) == len(set(whole)), name
             for world in (2, 3, 5):
-                shares = await _consumers(make, world)
+                shares = await consumers(make, world)
                 assert sorted(sum(shares, []), key=str) == sorted(whole, key=str), (name, world)
                 for share in shares:  # each consumer's samples in the one order
-                    assert _is_subsequence(share, whole), (name, world)
+                    assert is_subsequence(share, whole), (name, world)
         # A shuffle buffer reorders within a consumer only: its samples are the share of
         # the same order (the units' permutation depends on seed and epoch, not the buffer).
-        buffered = await _consumers(_parquet(pq_hub, shuffle=23, seed=9), 3)
-        plain = await _consumers(_parquet(pq_hub, output="arrow", shuffle=True, seed=9), 3)
+        buffered = await consumers(_parquet(pq_hub, shuffle=23, seed=9), 3)
+        plain = await consumers(_parquet(pq_hub, output="arrow", shuffle=True, seed=9), 3)
         assert [set(b) for b in buffered] == [set(p) for p in plain]
         # Another epoch is another order.
         s0, s1 = _parquet(pq_hub, output="arrow", shuffle=True, seed=9)(0, 1), None
         async with s0:
-            first = await _take(s0, None)
+            first = await take(s0, None)
         s1 = _parquet(pq_hub, output="arrow", shuffle=True, seed=9)(0, 1)
         s1.set_epoch(1)
         async with s1:
-            second = await _take(s1, None)
+            second = await take(s1, None)
         assert sorted(first) == sorted(second)
         assert first != second
     root, layout = robot
     with HubServer(root) as hub:
         make = _lerobot(hub, layout)
-        (whole,) = await _consumers(make, 1)
+        (whole,) = await consumers(make, 1)
         for world in (2, 4):
-            shares = await _consumers(make, world)
+            shares = await consumers(make, world)
             assert sorted(sum(shares, [])) == sorted(whole)
-            assert all(_is_subsequence(share, whole) for share in shares)
+            assert all(is_subsequence(share, whole) for share in shares)
 
 
 # -- line 3: a state's size does not grow with the dataset ---------------------------------
@@ -556,9 +416,9 @@ async def test_a_state_is_as_small_for_a_dataset_ten_times_larger(tmp_path: Path
             url = url.replace("%7B", "{").replace("%7D", "}")
             opts = ash.StreamOptions(elastic=True)
             states = []
-            for rank, take in enumerate([25, 35, 7]):  # uneven progress, mid-file
+            for rank, n in enumerate([25, 35, 7]):  # uneven progress, mid-file
                 async with ash.stream(url, options=opts, rank=rank, world_size=3) as s:
-                    assert len(await _take(s, take)) >= take
+                    assert len(await take(s, n)) >= n
                     states.append(s.state_dict())
             job = ash.merge_states(states)
             sizes[name] = (len(json.dumps(states[1])), len(json.dumps(job)))
@@ -588,7 +448,7 @@ async def test_one_large_file_is_shared_by_row_group_and_no_consumer_idles(
             hub.wait_idle()
             hub.reset_stats()
             async with ash.stream(one, options=opts, rank=rank, world_size=4) as s:
-                ids = await _take(s, None)
+                ids = await take(s, None)
             served = hub.wait_idle().bytes_served
             assert ids, f"consumer {rank} of 4 read nothing of the one file"
             # Its slices (slice rank, rank + 4: every 4th), each its row groups and the
@@ -596,7 +456,7 @@ async def test_one_large_file_is_shared_by_row_group_and_no_consumer_idles(
             slices = -(-size // SLICE)
             tail = (max(0, size - TAIL_READ_SIZE), size)
             most = sum(
-                _covered([tail, *(g for g in _spans(path) if min(g[0] // SLICE, slices - 1) == s)])
+                covered([tail, *(g for g in spans(path) if min(g[0] // SLICE, slices - 1) == s)])
                 for s in range(rank, slices, 4)
             )
             assert served <= most < size
@@ -607,11 +467,11 @@ async def test_one_large_file_is_shared_by_row_group_and_no_consumer_idles(
 # -- bad input ---------------------------------------------------------------------------
 
 
-async def _states(make: Callable[[int, int], Any], world: int, take: int) -> list[dict[str, Any]]:
+async def _states(make: Callable[[int, int], Any], world: int, n: int) -> list[dict[str, Any]]:
     states = []
     for rank in range(world):
         async with make(rank, world) as s:
-            await _take(s, take)
+            await take(s, n)
             states.append(s.state_dict())
     return states
 
@@ -654,7 +514,7 @@ async def test_states_of_another_job_or_dataset_are_refused_naming_the_way_out(
         changed.load_state_dict(job)
         async with changed:
             with pytest.raises(ash.SourceError, match="saved over other files.*pin the revision"):
-                await _take(changed, None)
+                await take(changed, None)
         # A changed state names its field.
         bad = json.loads(json.dumps(job))
         bad["elastic"]["base"]["frontier"] = 10**6
@@ -680,12 +540,12 @@ async def test_a_consumers_own_state_resumes_it_exactly_in_the_same_layout(
         }
         for name, (make, k) in cases.items():
             async with make(1, 3) as s:
-                full = await _take(s, None)
+                full = await take(s, None)
             async with make(1, 3) as s:
-                head = await _take(s, k)
+                head = await take(s, k)
                 state = json.loads(json.dumps(s.state_dict()))
             again = make(1, 3)
             again.load_state_dict(state)
             async with again:
-                tail = await _take(again, None)
+                tail = await take(again, None)
             assert head + tail == full, name

@@ -9,8 +9,10 @@ local Hub server and points ``HF_ENDPOINT`` at it, as a user would at the Hub.
 from __future__ import annotations
 
 import ast
+import json
 import os
 import re
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -122,6 +124,105 @@ def test_dataloader_training_given_a_repo(hub: HubServer) -> None:
     out = run_example("dataloader_training.py", *args, env=given(hub))
     assert "resolved 2 files in this process" in out
     assert "next batch identical: True" in out
+
+
+def torchrun(nproc: int, *args: str, env: dict[str, str]) -> str:
+    """``torchrun --standalone --nproc_per_node N examples/elastic_torchrun.py ARGS``, as
+    a user runs it (``python -m torch.distributed.run`` is torchrun); its output."""
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    command += ["--nproc_per_node", str(nproc), str(EXAMPLES / "elastic_torchrun.py"), *args]
+    proc = subprocess.Popen(
+        command,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, **env},
+        cwd=ROOT,
+        start_new_session=True,  # the agent, its ranks and their workers: one group to end
+    )
+    try:
+        out, _ = proc.communicate(timeout=150)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        raise
+    assert proc.returncode == 0, out[-4000:]
+    assert "Traceback" not in out, out
+    assert "warn" not in out.lower(), out  # quiet: no warning from us, torch or torchdata
+    return out
+
+
+API_ANSWER = 4096  # bytes: the most an API answer about demo/elastic-text takes (791, 2203)
+
+
+@pytest.mark.torch
+@pytest.mark.skipif(sys.platform != "linux", reason="gloo on loopback")
+def test_elastic_torchrun_2_ranks_x_1_worker_resume_as_1_rank_x_2_workers(
+    tmp_path: Path,
+) -> None:
+    """The two torchrun jobs of docs/dataloader-training.md: every sample once over both,
+    and the second job reads nothing the first one delivered (the server's byte count),
+    with --coalesce-gap 0: by default the fetcher fetches nearby ranges of a file as one
+    request, holes included, which can re-fetch a partial unit's delivered row groups,
+    depending on which reads a worker makes together (seen in 2 of 6 runs)."""
+    import torch
+    from elastic_helpers import parquet_bound
+
+    data = tmp_path / "hub"
+    made = run_example("elastic_torchrun.py", "--make-data", str(data))
+    assert "(2,000 rows)" in made
+    slice_bytes, batch, stop = 100_000, 8, 20
+    common = ["hf://datasets/demo/elastic-text", "--slice-bytes", str(slice_bytes)]
+    common += ["--batch-size", str(batch), "--record", str(tmp_path / "seen")]
+    common += ["--coalesce-gap", "0"]  # exact reads: no hole between two ranges fetched
+    ckpt = tmp_path / "ckpt.pt"
+    files = sorted((data / "datasets/demo/elastic-text/data").glob("*.parquet"))
+    bound = parquet_bound(files, slice_bytes, seed=0, shuffle=True)
+    with HubServer(data) as hub:
+        env = {"HF_ENDPOINT": hub.endpoint, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"}
+        first = torchrun(2, *common, "--workers", "1", "--stop-after", str(stop),
+                         "--checkpoint", str(ckpt), env=env)  # fmt: skip
+        assert f"saved the job's state at step {stop} to {ckpt}" in first
+        served = hub.wait_idle()
+        # One resolution for the job: rank 0 resolved and broadcast (pin and listing).
+        assert served.by_bucket.get("api", 0) <= 2, served.by_bucket
+        job = torch.load(ckpt)["data"]
+        assert job["kind"] == "job"
+        base = job["elastic"]["base"]
+        assert base["frontier"] > 0 or base["done"]  # the first job finished units
+        assert bound(job) < bound(None)
+        hub.reset_stats()
+        rest = torchrun(1, *common, "--workers", "2", "--resume", str(ckpt), env=env)
+        # Nothing delivered is read again: each unit left from the row group it stopped
+        # in, and its footer read (and the API's answers: under 4 KiB each here).
+        served = hub.wait_idle()
+        assert served.bytes_served <= bound(job) + API_ANSWER * served.by_bucket.get("api", 0)
+    assert "2,000 samples, each once: True" in rest
+    records = {p.name: json.loads(p.read_text()) for p in (tmp_path / "seen").glob("*.json")}
+    assert sorted(records) == [
+        "from-step-0-rank-0.json",
+        "from-step-0-rank-1.json",
+        f"from-step-{stop}-rank-0.json",
+    ]
+    assert [len(records[f"from-step-0-rank-{r}.json"]) for r in (0, 1)] == [stop * batch] * 2
+    ids = [i for got in records.values() for i in got]
+    assert len(ids) == 2000  # nothing twice...
+    assert sorted(ids) == list(range(2000))  # ...nothing lost
+    # The job state carried positions mid-unit and the shuffle buffers' rows.
+    assert job["elastic"]["base"]["partial"]
+    assert job["elastic"]["base"]["buffer"]
+
+
+def test_the_torchrun_page_shows_the_example_as_it_is() -> None:
+    """docs/dataloader-training.md shows examples/elastic_torchrun.py whole: the file the
+    test above runs, so the page and the file cannot drift apart."""
+    page = (ROOT / "docs" / "dataloader-training.md").read_text(encoding="utf-8")
+    marker = page.index("this very file, and checks that it is the one in examples/")
+    start = page.index("```python\n", marker) + len("```python\n")
+    shown = page[start : page.index("\n```\n", start) + 1]
+    assert shown == (EXAMPLES / "elastic_torchrun.py").read_text(encoding="utf-8")
+    for command in ("--nproc_per_node 2", "--nproc_per_node 3", "--resume /tmp/ckpt.pt"):
+        assert command in page
 
 
 # -- WebDataset -------------------------------------------------------------------------

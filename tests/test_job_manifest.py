@@ -285,3 +285,87 @@ async def test_tokens_do_not_share_a_job_manifest(hub: HubServer, tmp_path: Path
     await _resolve(hub, _options(tmp_path, 1), token="hf_another_user")
     # two requests, two entries: a manifest is only read with the token it was made with
     assert len(list((tmp_path / "job").glob("job-*.json"))) == 2
+
+
+# -- every kind of source: TAR shards, a mixture, a LeRobot dataset ------------------------
+
+
+@pytest.fixture(scope="module")
+def kinds_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from aiostream_hf.testing import make_lerobot_dataset, make_webdataset_shards
+
+    root = tmp_path_factory.mktemp("kinds")
+    shards = make_repo(root, "org/shards", {})
+    make_webdataset_shards(shards / "data", shards=16, samples_per_shard=3, width=8, height=8)
+    rows = make_repo(root, "org/rows", {})
+    for i in range(4):
+        make_text_parquet(
+            rows / "data" / f"train-{i:05d}-of-00004.parquet",
+            rows=12,
+            row_group_size=3,
+            start_id=i * 12,
+            seed=i,
+            min_text=5,
+            max_text=20,
+        )
+    make_lerobot_dataset(
+        root,
+        "org/robot",
+        episodes=(3,) * 16,
+        fps=10,
+        width=16,
+        height=16,
+        cameras=("observation.images.top",),
+        codec="h264",
+        episodes_per_video_file=4,
+        episodes_per_data_file=4,
+    )
+    return root
+
+
+def _job_stream(kind: str, hub: HubServer, options: ash.StreamOptions, rank: int) -> Any:
+    from aiostream_hf import lerobot
+
+    kw: dict[str, Any] = {"endpoint": hub.endpoint, "options": options, "rank": rank}
+    kw["world_size"] = 16
+    if kind == "lerobot":
+        return lerobot.stream("hf://datasets/org/robot", **kw)
+    shards = ash.stream("hf://datasets/org/shards", split="train", **kw)
+    if kind == "tar":
+        return shards
+    rows = ash.stream("hf://datasets/org/rows", split="train", **kw)
+    return ash.mix([rows, shards], [0.5, 0.5], seed=1, stop="all_exhausted")
+
+
+def _key(item: Any) -> Any:
+    if "index" in item:  # a LeRobot item: its frame's index
+        return int(item["index"])
+    return item.get("__key__", item.get("id"))
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(
+    ("kind", "datasets", "samples"), [("tar", 1, 48), ("mix", 2, 96), ("lerobot", 1, 48)]
+)
+async def test_a_job_of_4_machines_x_4_consumers_resolves_each_dataset_once(
+    kinds_root: Path, tmp_path: Path, kind: str, datasets: int, samples: int
+) -> None:
+    """16 elastic consumers of one job, 4 per machine (a cache folder each), all at once:
+    one resolution per dataset (a pin and a listing), every sample once. A LeRobot
+    dataset's listing of its folder (videos, metadata) is the job's too: without it, each
+    machine listed it (5 API requests)."""
+    got: list[Any] = []
+    with HubServer(kinds_root) as hub:
+
+        async def consumer(rank: int) -> None:
+            options = _options(tmp_path, rank // 4, elastic=True)
+            async with _job_stream(kind, hub, options, rank) as s:
+                got.extend([_key(item) async for item in s])
+
+        async with anyio.create_task_group() as tg:
+            for rank in range(16):
+                tg.start_soon(consumer, rank)
+        api = _api(hub)
+    assert len(got) == samples  # nothing twice...
+    assert len(set(got)) == samples  # ...nothing lost
+    assert api <= 2 * datasets, api

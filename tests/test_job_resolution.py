@@ -9,6 +9,8 @@ a process of its own (tests/job_rank_script.py):
   nodes read through DataLoaders of the StreamDataset (4 workers, manifest pickled), the
   other half through DataLoaders whose 4 workers stream the source by name, from the
   node's cache that the broadcast seeded;
+- torch.distributed, a MixDataset of the Parquet repo and a repo of TAR shards (2 nodes x
+  2 ranks x 2 workers, elastic): rank 0 resolves each dataset once for the job;
 - no torch: every process streams with ``StreamOptions(manifest_dir=...)``, a folder
   the 16 processes share, with 4 consumers each.
 """
@@ -34,6 +36,7 @@ from aiostream_hf.testing import (
     make_lerobot_dataset,
     make_repo,
     make_text_parquet,
+    make_webdataset_shards,
 )
 
 HERE = Path(__file__).parent
@@ -42,6 +45,7 @@ SOURCE = f"hf://datasets/{REPO}"
 FILES = 4
 ROWS = 32  # per file, in row groups of 2: 64 units, one per consumer
 NODES, RANKS, WORKERS = 4, 4, 4
+SHARDS_REPO = "org/jobshards"  # 8 TAR shards of 4 samples
 
 
 @pytest.fixture(scope="module")
@@ -61,6 +65,8 @@ def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     make_text_parquet(
         folder / "data" / "test-00000-of-00001.parquet", rows=4, start_id=1000, min_text=5
     )
+    shards = make_repo(root, SHARDS_REPO, {})
+    make_webdataset_shards(shards / "data", shards=8, samples_per_shard=4, width=8, height=8)
     return root
 
 
@@ -79,6 +85,7 @@ def _run_job(
     per_node: int = RANKS,
     splits: list[str] | None = None,
     source: str = SOURCE,
+    extra: dict[str, Any] | None = None,
 ) -> list[dict[str, Any]]:
     """Run every rank of a job at once (forked by one launcher); each one's result: the
     ids it read, or its error."""
@@ -90,6 +97,7 @@ def _run_job(
         "ranks": ranks,
         "per_node": per_node,
         "tmp": str(tmp_path),
+        **(extra or {}),
     }
     env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"}
     launcher = subprocess.Popen(
@@ -223,3 +231,23 @@ def test_a_distributed_lerobot_job_reads_its_metadata_once(
     print("API requests of the job:", stats.by_bucket)
     # rank 0's reading of meta/ (a pin and the folder's listing), and no other rank's
     assert stats.by_bucket.get("api", 0) <= 2
+
+
+@pytest.mark.torch
+@pytest.mark.skipif(sys.platform != "linux", reason="gloo on loopback, DataLoader with fork")
+def test_a_distributed_job_mixing_parquet_and_tar_resolves_each_dataset_once(
+    hub: HubServer, tmp_path: Path
+) -> None:
+    """2 nodes x 2 ranks x 2 workers of a MixDataset (Parquet rows, TAR shards; elastic):
+    rank 0 resolves each dataset and broadcasts it; every row and sample once."""
+    shards = f"hf://datasets/{SHARDS_REPO}"
+    results = _run_job("mix", hub, tmp_path, ranks=4, per_node=2, extra={"shards": shards})
+    stats = hub.wait_idle()
+    errors = [r["error"] for r in results if "error" in r]
+    assert not errors, errors
+    keys = [k for r in results for k in r["ids"]]
+    assert all(r["ids"] for r in results)  # every rank read its share
+    assert len(keys) == FILES * ROWS + 8 * 4  # nothing twice...
+    assert len(set(keys)) == FILES * ROWS + 8 * 4  # ...nothing lost
+    print("API requests of the job:", stats.by_bucket)
+    assert stats.by_bucket.get("api", 0) <= 4  # a pin and a listing per dataset, by rank 0
