@@ -756,8 +756,10 @@ class _Chunks(Protocol):
 
 
 #: A cached stream's span no longer than this is taken from the byte cache at once: its
-#: missing blocks fetched side by side, one request each (a video's group of GOPs: one
-#: round trip, where block after block took one each).
+#: missing blocks fetched together, one request per run of adjacent ones (a video's
+#: GOPs: one round trip, where block after block took one each; and one request per
+#: GOP, as without the cache: a request per block made three times the requests, and
+#: with 16 in flight at 20 ms each the frames came 40-70 ms later).
 _CACHED_SPAN_AT_ONCE = 16 * 1024 * 1024
 
 
@@ -766,7 +768,7 @@ class _CachedChunks:
     bytes at a time are taken from it (``ByteCache.read_blocks``), given as views of its
     blocks, one per chunk, so that nothing is joined. A span of at most
     ``_CACHED_SPAN_AT_ONCE`` bytes is taken at once, its missing blocks fetched
-    concurrently, one request per block (each over its own connection)."""
+    together, one request per run of adjacent ones (up to ``max_range_size``)."""
 
     def __init__(self, fetcher: RangeFetcher, file: FileRef, start: int, end: int, block: int):
         self._fetcher = fetcher
@@ -785,7 +787,7 @@ class _CachedChunks:
             end = min(self._end, self._pos + self._block)
             max_request = self._fetcher.options.max_range_size
             if self._end - self._pos <= _CACHED_SPAN_AT_ONCE:
-                end, max_request = self._end, cache.block_of(self._file)
+                end = self._end
             with stage_network():
                 views = await cache.read_blocks(
                     self._file,
