@@ -189,8 +189,8 @@ def _frames_cached_vs_local(data: Results, r: Ratio) -> str:
         f"{req['cdn']:g} CDN requests (medians), and took its index from the byte cache in "
         f"{cached} of {len(runs)} rounds; it was served {served / 1e6:.1f} MB "
         f"(its frames' reads {frame_bytes / 1e6:.1f} MB), where aiostream without the "
-        f"byte cache was served {plain_served / 1e6:.1f} MB: the cache fetches whole 1 MiB "
-        f"blocks.{serial}"
+        f"byte cache was served {plain_served / 1e6:.1f} MB: the cache fetches whole blocks "
+        f"(a video's are 256 KiB).{serial}"
     )
 
 
