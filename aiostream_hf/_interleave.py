@@ -27,7 +27,6 @@ merged as those of a job of ``n * K`` consumers: a job of any size with the same
 
 from __future__ import annotations
 
-import contextlib
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
@@ -156,15 +155,5 @@ class Interleaved(Mix):
                 f"the job state's 'lanes' is {type(lanes_job).__name__}: load merge_states()'s "
                 "result, unchanged"
             )
-        before = [m.state_dict() for m in self._members]
-        try:
-            for m in self._members:  # each lane takes its share of the lanes' job
-                m.load_state_dict(lanes_job)
-        except BaseException:
-            for m, old in zip(self._members, before, strict=True):
-                with contextlib.suppress(SourceError):
-                    m.load_state_dict(old)
-            raise
-        self._epoch = int(job.get("epoch") or 0)
-        self._resume = None
-        self._fresh()
+        # each lane takes its share of the lanes' job
+        self._load_members([lanes_job] * len(self._members), int(job.get("epoch") or 0))

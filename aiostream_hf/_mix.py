@@ -351,6 +351,11 @@ class Mix:
             raise SourceError(
                 f"the job state's 'members' is {_short(members)}, not one state per member"
             )
+        self._load_members(members, int(job.get("epoch") or 0))
+
+    def _load_members(self, members: Sequence[Mapping[str, Any]], epoch: int) -> None:
+        """Load a job state's part for each member, all or none (a refusal puts back what
+        the members held), and start the draws of ``epoch`` afresh."""
         before = [m.state_dict() for m in self._members]
         try:
             for m, member_job in zip(self._members, members, strict=True):
@@ -360,7 +365,7 @@ class Mix:
                 with contextlib.suppress(SourceError):
                     m.load_state_dict(old)
             raise
-        self._epoch = int(job.get("epoch") or 0)
+        self._epoch = epoch
         self._resume = None
         self._fresh()
 
