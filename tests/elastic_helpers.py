@@ -23,7 +23,7 @@ import pyarrow.parquet as pq
 import aiostream_hf as ash
 from aiostream_hf import _elastic
 from aiostream_hf.formats.parquet import TAIL_READ_SIZE
-from aiostream_hf.testing import HubServer
+from aiostream_hf.testing import HubServer, make_repo, make_text_parquet
 
 
 def spans(path: Path) -> list[tuple[int, int]]:
@@ -201,3 +201,22 @@ async def consumers(make: Callable[[int, int], Any], world: int) -> list[list[An
 def is_subsequence(part: list[Any], whole: list[Any]) -> bool:
     mine = set(part)
     return [x for x in whole if x in mine] == part
+
+
+def make_parquet_repo(root: Path, name: str = "org/elastic") -> Path:
+    """Three Parquet files of 330 rows (ids 0-329; 200 rows in row groups of 20, then
+    60 and 70 in row groups of 25), texts of 2-4 kB; the files' folder."""
+    folder = make_repo(root, name, {})
+    start = 0
+    for i, (rows, group) in enumerate([(200, 20), (60, 25), (70, 25)]):
+        make_text_parquet(
+            folder / "data" / f"train-{i}.parquet",
+            rows=rows,
+            row_group_size=group,
+            start_id=start,
+            seed=i,
+            min_text=2000,
+            max_text=4000,
+        )
+        start += rows
+    return folder / "data"

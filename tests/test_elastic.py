@@ -17,6 +17,7 @@ from elastic_helpers import (
     covered,
     exactly_once,
     is_subsequence,
+    make_parquet_repo,
     parquet_bound,
     run_chain,
     spans,
@@ -44,28 +45,10 @@ CHAIN: list[tuple[int, list[int]]] = [
 ]
 
 
-def _make_parquet_repo(root: Path, name: str = "org/elastic") -> Path:
-    folder = make_repo(root, name, {})
-    sizes = [(200, 20), (60, 25), (70, 25)]  # (rows, rows per row group)
-    start = 0
-    for i, (rows, group) in enumerate(sizes):
-        make_text_parquet(
-            folder / "data" / f"train-{i}.parquet",
-            rows=rows,
-            row_group_size=group,
-            start_id=start,
-            seed=i,
-            min_text=2000,
-            max_text=4000,
-        )
-        start += rows
-    return folder / "data"
-
-
 @pytest.fixture(scope="module")
 def parquet_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("hub")
-    _make_parquet_repo(root)
+    make_parquet_repo(root)
     return root
 
 

@@ -13,9 +13,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from elastic_helpers import make_parquet_repo
 
 import aiostream_hf as ash
-from aiostream_hf.testing import HubServer, make_repo, make_text_parquet
+from aiostream_hf.testing import HubServer, make_repo
 
 pytestmark = [
     pytest.mark.torch,
@@ -33,19 +34,7 @@ KWARGS = {"columns": ["id"], "shuffle": 16, "seed": 3}
 @pytest.fixture(scope="module")
 def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("hub")
-    folder = make_repo(root, "org/elastic", {})
-    start = 0
-    for i, (rows, group) in enumerate([(200, 20), (60, 25), (70, 25)]):
-        make_text_parquet(
-            folder / "data" / f"train-{i}.parquet",
-            rows=rows,
-            row_group_size=group,
-            start_id=start,
-            seed=i,
-            min_text=2000,
-            max_text=4000,
-        )
-        start += rows
+    make_parquet_repo(root)
     return root
 
 
