@@ -308,26 +308,6 @@ class ByteCache:
                 now = os.stat(path)
                 _verified.add((str(path), now.st_ino, now.st_size, now.st_mtime_ns))
 
-    async def read_blocks(
-        self,
-        file: FileRef,
-        scope: str,
-        start: int,
-        end: int,
-        fetch: Fetch,
-        *,
-        max_request: int,
-    ) -> list[memoryview]:
-        """The bytes ``start`` to ``end`` of ``file`` as views of its blocks, in order (a
-        sequential reader's: no join)."""
-        if end <= start:
-            return []
-        if not self._prepared:
-            await anyio.to_thread.run_sync(self._prepare)
-        b = self.block_of(file)
-        blocks = await self._blocks(file, scope, _needs(b, [(start, end)]), fetch, max_request)
-        return _cut(b, blocks, start, end)
-
     def _span(self, file: FileRef, i: int) -> tuple[int, int]:
         assert file.size is not None
         b = self.block_of(file)

@@ -23,8 +23,11 @@ from typing import Any
 import pytest
 
 import aiostream_hf as ash
+from aiostream_hf import _fetcher
 from aiostream_hf._byte_cache import ByteCache
+from aiostream_hf._fetcher import RangeFetcher
 from aiostream_hf._models import FileRef
+from aiostream_hf._resolver import Resolver
 from aiostream_hf.testing import (
     HubServer,
     make_lerobot_dataset,
@@ -50,6 +53,8 @@ def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
         )
     make_webdataset_shards(make_repo(root, "org/shards", {}), shards=2, samples_per_shard=30)
     make_lerobot_dataset(root, "org/robot", episodes=[10, 12], width=64, height=48, codec="h264")
+    # one file of several blocks (random bytes: the fetcher reads it, no decoder)
+    make_repo(root, "org/big", {"big.tar": random.Random(3).randbytes(3 * BLOCK + 12_345)})
     private = make_repo(root, "org/private", {})
     make_text_parquet(private / "data" / "train.parquet", rows=200, row_group_size=100)
     return root
@@ -267,6 +272,37 @@ def test_eight_processes_fetch_each_block_once(hub: HubServer, root: Path, tmp_p
     blocks = len(list((cache_dir / "bytes" / "blocks").rglob("*.blk")))
     assert sum(o["misses"] for o in outs) == blocks  # each block fetched by one process
     assert sum(o["bytes_written"] for o in outs) <= _files_size(root, "org/text")
+
+
+@pytest.mark.parametrize("at_once", [16 * BLOCK, 2 * BLOCK])
+async def test_a_sequential_read_gets_chunks_of_block_size_as_from_local_disk(
+    hub: HubServer, root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, at_once: int
+) -> None:
+    """A sequential reader (a TAR shard's parser) is given ``block_size`` bytes a chunk
+    from the cache, as from a local file, not a chunk per cache block: each chunk is a
+    hand-off to the parser's thread and on to the stream, and a chunk per 1 MiB block
+    made a TAR epoch from the cache 0.8x local disk. Fetched (epoch 1) and from disk
+    (epoch 2) alike, from the start and from a byte mid-block; a span longer than
+    ``_CACHED_SPAN_AT_ONCE`` (2 MiB here) is taken a chunk at a time."""
+    monkeypatch.setattr(_fetcher, "_CACHED_SPAN_AT_ONCE", at_once)
+    chunk = 3 * BLOCK // 2
+    options = _options(tmp_path, block_size=chunk)
+    data = (root / "datasets" / "org" / "big" / "big.tar").read_bytes()
+    async with Resolver(options=options) as resolver:
+        manifest = await resolver.resolve("hf://datasets/org/big", endpoint=hub.endpoint)
+    (file,) = [f for f in manifest.files if f.path == "big.tar"]
+    async with RangeFetcher(options, endpoint=hub.endpoint) as fetcher:
+        served = []
+        for start in (0, 0, 777_777):
+            async with fetcher.iter_bytes(file, start) as blocks:
+                chunks = [bytes(c) async for c in blocks]
+            assert b"".join(chunks) == data[start:]
+            rest = len(data) - start
+            assert [len(c) for c in chunks] == [chunk] * (rest // chunk) + [rest % chunk]
+            served.append(_served(hub))
+        cached = fetcher.statistics().byte_cache
+    assert cached["misses"] == 4  # each block fetched once, in epoch 1
+    assert served[0] == served[1] == served[2]  # then nothing
 
 
 # -- the cache's own arithmetic, on a fake fetch -------------------------------------------
