@@ -222,21 +222,29 @@ class ByteCache:
     ) -> list[bytes | memoryview]:
         """The bytes of each (start, end exclusive) span of ``file``: from the blocks on
         disk, the missing ones fetched (``fetch(ranges)``: one buffer per range, ranges
-        of whole blocks, each at most ``max_request`` bytes) and kept. A span within one
-        block is a view of it (no copy); one across blocks is joined."""
+        of whole blocks, each at most ``max_request`` bytes) and kept. A span over blocks
+        this process has checked is read into a buffer of its own; one over blocks
+        fetched, checked now or held in memory is a view of its block (no copy), or
+        joined from its blocks."""
         assert file.size is not None
         if not self._prepared:
             await anyio.to_thread.run_sync(self._prepare)
-        # Spans across blocks already checked are read straight into one buffer each
-        # (one copy, as a local read); the others go through the blocks, and are joined.
-        # (A call whose spans each lie in one block makes no thread hop for it.)
+        # Spans over blocks already checked are read straight into one buffer each (one
+        # copy, as a local read, and only the bytes asked for); the others (and any
+        # within a block held in memory: no thread hop for it) go through the blocks.
         b = self.block_of(file)
-        crossing = any(e > s and len(_blocks_of(b, s, e)) > 1 for s, e in spans)
-        direct: list[bytearray | None] = (
-            await anyio.to_thread.run_sync(self._read_direct, file, scope, spans)
-            if crossing
-            else [None] * len(spans)
-        )
+        ask = [
+            i
+            for i, (s, e) in enumerate(spans)
+            if e > s and not self._held(file, scope, b, s, e)
+        ]
+        direct: list[bytearray | None] = [None] * len(spans)
+        if ask:
+            read = await anyio.to_thread.run_sync(
+                self._read_direct, file, scope, [spans[i] for i in ask]
+            )
+            for i, got in zip(ask, read, strict=True):
+                direct[i] = got
         rest = [(s, e) for (s, e), got in zip(spans, direct, strict=True) if got is None]
         needs = _needs(b, [(s, e) for s, e in rest if e > s])
         blocks = await self._blocks(file, scope, needs, fetch, max_request) if needs else {}
@@ -252,20 +260,24 @@ class ByteCache:
             out.append(pieces[0] if len(pieces) == 1 else b"".join(pieces))
         return out
 
+    def _held(self, file: FileRef, scope: str, b: int, s: int, e: int) -> bool:
+        """Whether the span lies in one block held in memory (``_recent``)."""
+        i = s // b
+        if (e - 1) // b != i:
+            return False
+        held = self._recent.get(self._key(file, scope, i))
+        return held is not None and held[1] <= s - i * b and e - i * b <= held[2]
+
     def _read_direct(
         self, file: FileRef, scope: str, spans: Sequence[tuple[int, int]]
     ) -> list[bytearray | None]:
-        """Each span over more than one block, read into a buffer of its own from blocks
-        on disk whose CRC this process has checked (``_verified``); None for a span
-        over one block (a view of it is no copy), or with a block not there or not
+        """Each span read into a buffer of its own from blocks on disk whose CRC this
+        process has checked (``_verified``); None for one with a block not there or not
         checked (read through ``_blocks``, which checks it)."""
         out: list[bytearray | None] = []
         b = self.block_of(file)
         for s, e in spans:
-            blocks = _blocks_of(b, s, e) if e > s else range(0)
-            if len(blocks) < 2:
-                out.append(None)
-                continue
+            blocks = _blocks_of(b, s, e)
             buf = bytearray(e - s)
             for i in blocks:
                 at = i * b
