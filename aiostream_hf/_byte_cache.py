@@ -234,9 +234,7 @@ class ByteCache:
         # within a block held in memory: no thread hop for it) go through the blocks.
         b = self.block_of(file)
         ask = [
-            i
-            for i, (s, e) in enumerate(spans)
-            if e > s and not self._held(file, scope, b, s, e)
+            i for i, (s, e) in enumerate(spans) if e > s and not self._held(file, scope, b, s, e)
         ]
         direct: list[bytearray | None] = [None] * len(spans)
         if ask:
