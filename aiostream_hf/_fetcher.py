@@ -488,8 +488,10 @@ class RangeFetcher:
 
         One long GET; a body cut mid-way resumes from the last byte received
         (counted as a retry), so the blocks are one seamless byte stream. At
-        most one block (``block_size``, default ``options.block_size``) is held.
-        Use ``async with`` (or ``aclose()``) to release the request if you stop early.
+        most one block (``block_size``, default ``options.block_size``) is held;
+        through the byte cache, a span of up to ``_CACHED_SPAN_AT_ONCE`` (16 MiB)
+        is read at once and held until its blocks are taken. Use ``async with``
+        (or ``aclose()``) to release the request if you stop early.
         """
         self._check_open()
         size = file.size
