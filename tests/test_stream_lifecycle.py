@@ -121,12 +121,23 @@ async def test_a_producer_error_reaches_the_consumer_after_the_rows_before_it(
 
 
 async def test_cancelling_the_consumer_stops_the_stream(hub: HubServer, tmp_path: Path) -> None:
+    """A sibling task cancels the consumer while its loop body waits on the first sample
+    (set off by the sample itself, not by a deadline, so a slow machine changes nothing)."""
     got = 0
-    with anyio.move_on_after(0.3) as scope:
-        async with _stream(hub, tmp_path) as s:
-            async for _ in s:
-                got += 1
-                await anyio.sleep(1)
+    first = anyio.Event()
+    async with anyio.create_task_group() as tg:
+        with anyio.CancelScope() as scope:
+
+            async def cancel_after_the_first() -> None:
+                await first.wait()
+                scope.cancel()
+
+            tg.start_soon(cancel_after_the_first)
+            async with _stream(hub, tmp_path) as s:
+                async for _ in s:
+                    got += 1
+                    first.set()
+                    await anyio.sleep(60)
     assert scope.cancelled_caught
     assert got == 1
 
