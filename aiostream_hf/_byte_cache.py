@@ -68,6 +68,7 @@ from typing import Any
 import anyio
 import anyio.to_thread
 import filelock
+import pyarrow as pa
 
 from ._models import FileRef
 
@@ -236,7 +237,7 @@ class ByteCache:
         ask = [
             i for i, (s, e) in enumerate(spans) if e > s and not self._held(file, scope, b, s, e)
         ]
-        direct: list[bytearray | None] = [None] * len(spans)
+        direct: list[pa.Buffer | None] = [None] * len(spans)
         if ask:
             read = await anyio.to_thread.run_sync(
                 self._read_direct, file, scope, [spans[i] for i in ask]
@@ -249,7 +250,7 @@ class ByteCache:
         out: list[bytes | memoryview] = []
         for (s, e), got in zip(spans, direct, strict=True):
             if got is not None:
-                out.append(memoryview(got))
+                out.append(memoryview(got).cast("B"))  # bytes, as the blocks' views
                 continue
             if e <= s:
                 out.append(b"")
@@ -268,20 +269,22 @@ class ByteCache:
 
     def _read_direct(
         self, file: FileRef, scope: str, spans: Sequence[tuple[int, int]]
-    ) -> list[bytearray | None]:
+    ) -> list[pa.Buffer | None]:
         """Each span read into a buffer of its own from blocks on disk whose CRC this
         process has checked (``_verified``); None for one with a block not there or not
-        checked (read through ``_blocks``, which checks it)."""
-        out: list[bytearray | None] = []
+        checked (read through ``_blocks``, which checks it). The buffers are of Arrow's
+        memory pool, reused from span to span, as the fetcher's (not fresh pages)."""
+        out: list[pa.Buffer | None] = []
         b = self.block_of(file)
         for s, e in spans:
             blocks = _blocks_of(b, s, e)
-            buf = bytearray(e - s)
+            buf = pa.allocate_buffer(e - s)  # spans are checked against the file's size
+            view = memoryview(buf)
             for i in blocks:
                 at = i * b
                 lo, hi = max(s, at) - at, min(e, at + b) - at
                 bs, be = self._span(file, i)
-                into = memoryview(buf)[at + lo - s : at + hi - s]
+                into = view[at + lo - s : at + hi - s]
                 if not self._read_checked(self._path(self._key(file, scope, i)), be - bs, lo, into):
                     out.append(None)
                     break

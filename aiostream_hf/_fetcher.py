@@ -354,7 +354,10 @@ class RangeFetcher:
         path = _local_path(file.url)
         if path is not None:
             with stage_network():
-                return list(await self._read_local(file, path, spans))
+                local = await self._read_local(file, path, spans, in_place=in_place)
+            if in_place:  # read-only bytes for the decoder, as the HTTP reads below
+                return [memoryview(b).toreadonly().cast("B") for b in local]
+            return list(local)
         max_size = self.options.max_range_size if part_size is None else part_size
         if keep and self._caches(file):
             kept = await self._cached_read(file, spans, max_size)
@@ -364,8 +367,8 @@ class RangeFetcher:
         parts = coalesce_ranges(spans, gap=self.options.coalesce_gap, max_size=max_size)
         with stage_network():
             data = await self._fetch_parts(file, parts, in_place=in_place)
-        if in_place:  # views: cut without a copy, read-only for the decoder
-            return _assemble(spans, parts, [memoryview(b).toreadonly() for b in data])
+        if in_place:  # views: cut without a copy, read-only bytes for the decoder
+            return _assemble(spans, parts, [memoryview(b).toreadonly().cast("B") for b in data])
         return _assemble(spans, parts, data)
 
     def caches(self, file: FileRef) -> bool:
@@ -577,11 +580,11 @@ class RangeFetcher:
         return data
 
     async def _read_local(
-        self, file: FileRef, path: str, spans: list[tuple[int, int]]
-    ) -> list[bytes]:
+        self, file: FileRef, path: str, spans: list[tuple[int, int]], *, in_place: bool = False
+    ) -> list[bytes] | list[pa.Buffer]:
         self._requests["local"] += 1
         data, seen = await anyio.to_thread.run_sync(
-            _pread_ranges, file, path, spans, limiter=self._limiter
+            _pread_ranges, file, path, spans, in_place, limiter=self._limiter
         )
         self._check_local_version(file, seen)
         self._bytes_received += sum(len(d) for d in data)

@@ -344,6 +344,34 @@ async def test_buffers_received_in_place_are_exact_through_cuts(
     assert stats.resumes > 0
 
 
+@pytest.mark.parametrize("path", ["http", "byte cache", "local file"])
+async def test_buffers_are_read_only_bytes_on_every_path(
+    serve: Callable[..., Served], tmp_path: Path, path: str
+) -> None:
+    """read_buffers gives read-only views of unsigned bytes (equal to ``bytes``, as a
+    decoder compares them) whether the bytes come from the server, from the byte cache
+    (its second read, from blocks on disk) or from a local file; Arrow's buffers under
+    them were views of signed chars, which compared unequal to the same bytes."""
+    s = serve()
+    blob = s.files[BLOB]
+    ranges = [(0, 10), (70_000, 1_200_000), (2_999_000, 3_000_000)]
+    ref = s.ref(BLOB)
+    options: dict[str, Any] = {}
+    if path == "byte cache":
+        options = {"cache_dir": tmp_path / "cache", "byte_cache_bytes": 1 << 30}
+    elif path == "local file":
+        local = tmp_path / "blob.parquet"
+        local.write_bytes(blob)
+        ref = FileRef(url=local.as_uri(), path=BLOB, size=len(blob))
+    async with s.fetcher(**options) as f:
+        for _ in range(2):  # through the byte cache: fetched, then read from its blocks
+            views = await f.read_buffers(ref, ranges)
+            assert all(v.readonly and v.format == "B" for v in views)
+            assert views == [blob[a:b] for a, b in ranges]
+        if path == "byte cache":
+            assert f.statistics().byte_cache["hits"] > 0
+
+
 async def test_buffers_are_exact_where_the_response_cannot_be_read_in_place(
     serve: Callable[..., Served], monkeypatch: pytest.MonkeyPatch
 ) -> None:

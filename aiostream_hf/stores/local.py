@@ -2,7 +2,8 @@
 
 - Listing (``LocalStore.resolve``): each path's size by ``stat``, its URL ``file://``;
   globs were expanded when the source was parsed (``_sources``).
-- Reads, for the ``RangeFetcher`` (``_fetcher``): ``os.pread`` in worker threads. Each
+- Reads, for the ``RangeFetcher`` (``_fetcher``): ``os.pread`` in worker threads (a
+  decoder's spans into buffers of Arrow's memory pool, as the fetcher's HTTP reads). Each
   read also returns the file's ``_LocalVersion`` (device, inode, size, mtime), which the
   fetcher pins at its first read: a file replaced or rewritten in place since is
   ``FileChangedError``.
@@ -19,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 import anyio.to_thread
+import pyarrow as pa
 
 from .._exceptions import FetchError, FileChangedError
 from .._models import FileRef
@@ -150,9 +152,29 @@ def _pread_exact(file: FileRef, fd: int, start: int, end: int) -> bytes:
     return b"".join(parts)
 
 
+def _pread_into(file: FileRef, fd: int, start: int, end: int) -> pa.Buffer:
+    """Bytes ``start`` to ``end`` (checked against the file's size) read into a buffer of
+    Arrow's memory pool: reused from span to span, where a fresh ``bytes`` of a few MiB
+    is fresh pages to fault in (a 428 MB Parquet epoch: about 10k page faults, not 30k)."""
+    buf = pa.allocate_buffer(end - start)
+    view = memoryview(buf)
+    pos = start
+    while pos < end:
+        n = os.preadv(fd, [view[pos - start :]], pos)
+        if not n:
+            raise FileChangedError(
+                f"{file.path}: the file ended at byte {pos}, before {end} ({file.url})",
+                url=file.url,
+            )
+        pos += n
+    return buf
+
+
 def _pread_ranges(
-    file: FileRef, path: str, spans: list[tuple[int, int]]
-) -> tuple[list[bytes], _LocalVersion]:
+    file: FileRef, path: str, spans: list[tuple[int, int]], in_place: bool = False
+) -> tuple[list[bytes] | list[pa.Buffer], _LocalVersion]:
+    """Each span's bytes (in Arrow buffers when ``in_place``: for decoders that take
+    any buffer), and the file's version."""
     fd = _open_local(file, path)
     try:
         size, version = _local_size(file, fd)
@@ -162,6 +184,8 @@ def _pread_ranges(
                     f"{file.path}: bytes {s}-{e - 1} asked, the file has {size} ({file.url})",
                     url=file.url,
                 )
+        if in_place:
+            return [_pread_into(file, fd, s, e) for s, e in spans], version
         return [_pread_exact(file, fd, s, e) for s, e in spans], version
     finally:
         os.close(fd)
