@@ -310,11 +310,18 @@ class _Body(httpx2.AsyncByteStream):
             yield piece
 
     def _read(self) -> bytes:
-        data = bytes(self._answer.read1(_PIECE))
+        # A plain body is read from its http.client response, as ``_readinto`` does:
+        # urllib3's read1 puts the connection back in the pool from this worker thread
+        # when the body ends, and a caller cancelled meanwhile then shut down or closed
+        # it under the next request to take it (ResponseNotReady, a retry). It goes back
+        # in ``aclose``, on the caller's side, once this read is over. A chunked body is
+        # read through urllib3 (which may still do so).
+        raw: Any = getattr(self._answer, "_fp", None)
+        reader = raw if _in_place(raw) else self._answer
+        data = bytes(reader.read1(_PIECE))
         # A plain body read to its end is closed here, as ``_readinto`` does: the body then
         # ends without one more thread hand-off to read nothing (http.client's read1
         # leaves that read to find the end), and its connection is reused.
-        raw: Any = getattr(self._answer, "_fp", None)
         if data and _in_place(raw) and raw.length == 0:
             raw._close_conn()
         if _ended(raw):

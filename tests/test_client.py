@@ -266,6 +266,36 @@ async def test_a_body_read_to_its_end_takes_no_read_to_find_its_end(
     assert stats.connections == 1
 
 
+async def test_a_body_read_to_its_end_keeps_its_connection_until_it_is_closed(
+    hub_root: Path,
+) -> None:
+    """A body read in pieces on worker threads gives its connection back to the pool only
+    when the caller closes it, not from the worker thread that read its last byte (urllib3
+    did that there): a caller cancelled at that moment shut the connection down or
+    closed it under the next request that took it from the pool (ResponseNotReady, and a
+    retry printed, in a script that left a stream half-read at exit)."""
+    from aiostream_hf._transport import ThreadedTransport
+
+    name = "data/train-00000-of-00001.parquet"
+    whole = (hub_root / "datasets/org/text" / name).read_bytes()
+    with HubServer(hub_root) as server:
+        url = f"{server.endpoint}/datasets/org/text/resolve/main/{name}"
+        transport = ThreadedTransport(2)
+        async with httpx2.AsyncClient(transport=transport) as http:
+            cdn = (await http.get(url)).headers["Location"]
+            pool = transport._pool("http").connection_from_url(cdn)
+            headers = {"Range": "bytes=0-99999"}
+            async with http.stream("GET", cdn, headers=headers) as answer:
+                # The transport's stream itself: aiter_raw closes the answer at its end.
+                got = b"".join([piece async for piece in answer.stream])  # type: ignore[attr-defined]
+                idle_before_close = pool.pool.qsize() if pool.pool is not None else -1
+            idle_after_close = pool.pool.qsize() if pool.pool is not None else -1
+    assert got == whole[:100_000]
+    # The pool's queue holds its free slots (None) and idle connections; the one this
+    # body used comes back only with the close.
+    assert idle_after_close == idle_before_close + 1
+
+
 async def test_a_redirect_leaves_its_connection_to_the_next_request(hub_root: Path) -> None:
     """A redirect's (small) body is read with its head, so its connection goes back to
     the pool: three resolves one after the other open one connection, not one per
