@@ -440,10 +440,10 @@ class ByteCache:
                 ranges = self._runs(file, todo, max_request)
                 buffers = await fetch(ranges)
                 for (s, e), buf in zip(ranges, buffers, strict=True):
-                    data = bytes(buf)
+                    data = memoryview(buf).cast("B")
                     for i in _blocks_of(self.block_of(file), s, e):
                         bs, be = self._span(file, i)
-                        fetched[i] = data[bs - s : be - s]
+                        fetched[i] = bytes(data[bs - s : be - s])  # one copy, of a block
                 self._counts["misses"] += len(fetched)
                 if held:
                     await anyio.to_thread.run_sync(

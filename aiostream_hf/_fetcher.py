@@ -426,7 +426,9 @@ class RangeFetcher:
                 file,
                 await self._cache_scope(file),
                 spans,
-                functools.partial(self._fetch_parts, file),
+                # Received in place (a socket read straight into the buffer, off the
+                # event loop), not joined from pieces on it.
+                functools.partial(self._fetch_parts, file, in_place=True),
                 max_request=max_size,
             )
 
