@@ -314,10 +314,15 @@ class _Body(httpx2.AsyncByteStream):
         # urllib3's read1 puts the connection back in the pool from this worker thread
         # when the body ends, and a caller cancelled meanwhile then shut down or closed
         # it under the next request to take it (ResponseNotReady, a retry). It goes back
-        # in ``aclose``, on the caller's side, once this read is over. A chunked body is
-        # read through urllib3 (which may still do so).
+        # in ``aclose``, on the caller's side, once this read is over. Any other body (of
+        # no length or none left: a HEAD's, a 304's; chunked) is read through urllib3, as
+        # ``_readinto`` does: its read of nothing closes the http.client response, which
+        # would otherwise keep the socket's file open in the pool after the connection is
+        # closed (an "unclosed socket" warning when it is collected).
         raw: Any = getattr(self._answer, "_fp", None)
-        reader = raw if _in_place(raw) else self._answer
+        length = getattr(raw, "length", None)
+        plain = _in_place(raw) and isinstance(length, int) and length > 0
+        reader = raw if plain else self._answer
         data = bytes(reader.read1(_PIECE))
         # A plain body read to its end is closed here, as ``_readinto`` does: the body then
         # ends without one more thread hand-off to read nothing (http.client's read1

@@ -296,6 +296,27 @@ async def test_a_body_read_to_its_end_keeps_its_connection_until_it_is_closed(
     assert idle_after_close == idle_before_close + 1
 
 
+async def test_an_answer_without_a_body_closes_its_response_when_read(hub_root: Path) -> None:
+    """A HEAD's answer (no body to read) read through the transport's stream closes its
+    http.client response before the connection goes back to the pool: left open, it kept
+    the socket's file open after the pool closed the connection (an "unclosed socket"
+    ResourceWarning in a later test, when it was collected)."""
+    from aiostream_hf._transport import ThreadedTransport
+
+    name = "data/train-00000-of-00001.parquet"
+    with HubServer(hub_root) as server:
+        url = f"{server.endpoint}/datasets/org/text/resolve/main/{name}"
+        async with httpx2.AsyncClient(transport=ThreadedTransport(2)) as http:
+            cdn = (await http.get(url)).headers["Location"]  # a HEAD there: 200, no body
+            async with http.stream("HEAD", cdn) as answer:
+                assert answer.status_code == 200
+                received = answer.stream._stream  # type: ignore[attr-defined]  # the transport's
+                got = [piece async for piece in received]
+                body = received._answer._fp
+            assert got == []
+            assert body.isclosed()
+
+
 async def test_a_redirect_leaves_its_connection_to_the_next_request(hub_root: Path) -> None:
     """A redirect's (small) body is read with its head, so its connection goes back to
     the pool: three resolves one after the other open one connection, not one per
