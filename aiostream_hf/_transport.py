@@ -327,7 +327,7 @@ class _Body(httpx2.AsyncByteStream):
         # A plain body read to its end is closed here, as ``_readinto`` does: the body then
         # ends without one more thread hand-off to read nothing (http.client's read1
         # leaves that read to find the end), and its connection is reused.
-        if data and _in_place(raw) and raw.length == 0:
+        if data and plain and raw.length == 0:
             raw._close_conn()
         if _ended(raw):
             self._done = True

@@ -138,6 +138,7 @@ async def test_cancelling_the_consumer_stops_the_stream(hub: HubServer, tmp_path
                     got += 1
                     first.set()
                     await anyio.sleep(60)
+        tg.cancel_scope.cancel()  # a stream that ended without a sample: fail, not hang
     assert scope.cancelled_caught
     assert got == 1
 

@@ -155,7 +155,7 @@ def _pread_exact(file: FileRef, fd: int, start: int, end: int) -> bytes:
 def _pread_into(file: FileRef, fd: int, start: int, end: int) -> pa.Buffer:
     """Bytes ``start`` to ``end`` (checked against the file's size) read into a buffer of
     Arrow's memory pool: reused from span to span, where a fresh ``bytes`` of a few MiB
-    is fresh pages to fault in (a 428 MB Parquet epoch: about 10k page faults, not 30k)."""
+    is fresh pages to fault in, span after span."""
     buf = pa.allocate_buffer(end - start)
     view = memoryview(buf)
     pos = start
