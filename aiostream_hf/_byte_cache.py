@@ -710,9 +710,15 @@ class ByteCache:
                 with contextlib.suppress(FileNotFoundError):
                     subs += list((self.folder / kind).iterdir())
             for sub in subs:
-                with contextlib.suppress(OSError):
-                    for entry in os.scandir(sub):
-                        st = entry.stat(follow_symlinks=False)
+                # Closed as it is left; a file gone between the listing and its stat (a
+                # writer's temporary file renamed, another eviction) is skipped, not the
+                # rest of its folder (and the iterator was left open for the collector).
+                with contextlib.suppress(OSError), os.scandir(sub) as entries:
+                    for entry in entries:
+                        try:
+                            st = entry.stat(follow_symlinks=False)
+                        except OSError:
+                            continue
                         if entry.name.endswith(_TMP_SUFFIX):
                             if now - st.st_mtime > _STALE_TMP_S:
                                 with contextlib.suppress(OSError):

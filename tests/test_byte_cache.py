@@ -166,6 +166,49 @@ async def test_eviction_keeps_the_cache_under_its_limit(
     assert held <= limit
 
 
+def test_eviction_skips_a_file_gone_before_its_stat(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A file that goes between the folder's listing and its stat (a writer's temporary
+    file renamed, another process's eviction) is skipped: the blocks beside it are still
+    counted and evicted, and the listing is closed (it was left to the collector, an
+    "unclosed scandir iterator" warning)."""
+    import aiostream_hf._byte_cache as bc
+
+    cache = ByteCache(tmp_path / "cache", 4 * BLOCK)
+    cache._prepare()
+    for i in range(8):
+        cache._store(cache._path(f"{i:02d}" + "0" * 62), bytes(BLOCK))
+    listed = os.scandir
+
+    class Gone:
+        name = "gone.blk"
+        path = "/nonexistent/gone.blk"
+
+        def stat(self, follow_symlinks: bool = True) -> os.stat_result:
+            raise FileNotFoundError(self.path)
+
+    class Listing:
+        def __init__(self, path: Any) -> None:
+            self._it = listed(path)
+
+        def __enter__(self) -> Any:
+            return iter([Gone(), *self._it])
+
+        def __exit__(self, *exc: object) -> None:
+            self._it.close()
+
+        def __iter__(self) -> Any:  # the old code iterated it without `with`
+            return iter([Gone(), *self._it])
+
+    monkeypatch.setattr(bc.os, "scandir", Listing)  # os's own: pathlib's globs use it
+    cache.evict()
+    monkeypatch.undo()
+    held = sum(p.stat().st_size for p in (tmp_path / "cache").rglob("*.blk"))
+    assert cache.statistics().evicted > 0
+    assert held <= 4 * BLOCK
+
+
 async def test_a_damaged_block_is_fetched_again(hub: HubServer, tmp_path: Path) -> None:
     options = _options(tmp_path)
     rows, _ = await _rows("hf://datasets/org/text", hub, options)
